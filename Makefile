@@ -1,0 +1,36 @@
+# Every target does its own set-up on a fresh clone: the virtual environment is created and the project
+# installed on first use (CPU torch first when no GPU is present, so no multi-GB CUDA build is pulled).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test test-fast quickstart bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	    echo "GPU found: keeping the default (CUDA) torch build"; \
+	else \
+	    echo "No GPU: installing the CPU build torch==2.13.0"; \
+	    $(BIN)/pip install --quiet torch==2.13.0; \
+	fi
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# The full suite, Ray end-to-end and fault tests included (this is what CI runs).
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Skip the slow Ray end-to-end and fault tests while developing.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python bench/attention.py
+
+clean:
+	rm -rf $(VENV) studies .pytest_cache

@@ -1,0 +1,80 @@
+"""What every model of the package offers a training loop beyond forward()."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+
+class ModelOutput(NamedTuple):
+    logits: torch.Tensor
+    tokens: torch.Tensor  # last-layer token representations after the final norm, (B, T, d)
+    feature: torch.Tensor  # what the classifier reads: (B, d) for the ViT, the tokens themselves for the GPT
+
+
+class MixerModel(nn.Module):
+    """Base of the ViT and the GPT: forwards training-loop hooks to the token mixers that implement them.
+
+    Subclasses set ``self.blocks`` (each with a ``.mixer``) and ``self.mixer_kinds`` (the registry name per layer).
+    Mixers may implement ``regularization_loss()``, ``set_training_step(step, total_steps)``, ``stats()`` and
+    ``slow_parameters()``; attention implements none of them.
+    """
+
+    blocks: nn.ModuleList
+    mixer_kinds: list[str]
+
+    def _mixers_with(self, method: str):
+        return [block.mixer for block in self.blocks if hasattr(block.mixer, method)]
+
+    def regularization_loss(self) -> torch.Tensor:
+        """Sum of the mixers' regularisers (zero for a pure-attention model): add it to the task loss."""
+        total = torch.zeros((), device=next(self.parameters()).device)
+        for mixer in self._mixers_with("regularization_loss"):
+            total = total + mixer.regularization_loss()
+        return total
+
+    def set_training_step(self, step: int, total_steps: int) -> None:
+        """Call once per optimiser step: drives schedules inside mixers (temperatures, regulariser start)."""
+        for mixer in self._mixers_with("set_training_step"):
+            mixer.set_training_step(step, total_steps)
+
+    def mixer_stats(self) -> dict[str, float]:
+        """Per-layer statistics of the mixers for logging, e.g. ``{"stlt_s_eff_l3": 21.5, "stlt_T_l3": 8.0}``."""
+        stats = {}
+        for layer, (kind, block) in enumerate(zip(self.mixer_kinds, self.blocks)):
+            if hasattr(block.mixer, "stats"):
+                stats.update({f"{kind}_{key}_l{layer}": value for key, value in block.mixer.stats().items()})
+        return stats
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of parameters that never get weight decay besides biases and norms (overridden per model)."""
+        return set()
+
+    def param_groups(self, weight_decay: float, slow_lr_scale: float = 1.0) -> list[dict]:
+        """Optimiser groups: decay on matrices only; the mixers' slow parameters (STLT sigma/omega) at
+        ``slow_lr_scale`` times the learning rate. Each group carries ``lr_scale`` for the scheduler."""
+        slow = {id(p) for mixer in self._mixers_with("slow_parameters") for p in mixer.slow_parameters()}
+        skip = self.no_weight_decay()
+        decay, no_decay, slow_params = [], [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            if id(p) in slow:
+                slow_params.append(p)
+            elif p.ndim < 2 or name in skip:
+                no_decay.append(p)
+            else:
+                decay.append(p)
+        groups = [
+            {"params": decay, "weight_decay": weight_decay, "lr_scale": 1.0},
+            {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+            {"params": slow_params, "weight_decay": 0.0, "lr_scale": slow_lr_scale},
+        ]
+        return [g for g in groups if g["params"]]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (tied weights counted once); works on the meta device."""
+    return sum(p.numel() for p in model.parameters())

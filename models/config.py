@@ -1,0 +1,111 @@
+"""Configuration shared by every Transformer of the package, validated where it is made."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from models.errors import ConfigError
+from models.mixers import MIXERS
+from models.schedule import laplacian_schedule
+
+
+@dataclass
+class TransformerConfig:
+    dim: int = 64
+    depth: int = 4
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = False
+    drop_path: float = 0.0
+    # Laplacian-head schedule (models/schedule.py): which keys apply depends on `schedule`.
+    schedule: str = "uniform"
+    k: int | None = None
+    start_layer: int | None = None
+    increment: int | None = None
+    max_count: int | None = None
+    k_per_layer: list[int] | None = None
+    # Token mixer per layer: one registry name for all layers, or a list with one name per layer.
+    mixer: str | list[str] = "attention"
+    # Options of non-attention mixers (e.g. the stlt_* keys), validated by their registry entries.
+    mixer_options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        _check_int(self, "dim", low=1)
+        _check_int(self, "depth", low=1)
+        _check_int(self, "num_heads", low=1)
+        if self.dim % self.num_heads:
+            raise ConfigError("num_heads", f"must divide dim ({self.dim}); got {self.num_heads}")
+        _check_float(self, "mlp_ratio", low=0.0, low_open=True)
+        _check_float(self, "drop_path", low=0.0, high=1.0, high_open=True)
+        _check_bool(self, "qkv_bias")
+        self.laplacian_counts = laplacian_schedule(self.schedule_spec(), self.depth, self.num_heads)
+        self.mixer_kinds = self._resolve_mixers()
+        self._validate_mixer_options()
+
+    def schedule_spec(self) -> dict:
+        names = ("schedule", "k", "start_layer", "increment", "max_count", "k_per_layer")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def _resolve_mixers(self) -> list[str]:
+        kinds = [self.mixer] * self.depth if isinstance(self.mixer, str) else self.mixer
+        if not isinstance(kinds, list | tuple) or len(kinds) != self.depth:
+            raise ConfigError("mixer", f"must be one of {sorted(MIXERS)} or a list of {self.depth} of them (one per layer)")
+        for layer, kind in enumerate(kinds):
+            if kind not in MIXERS:
+                raise ConfigError(f"mixer[{layer}]" if not isinstance(self.mixer, str) else "mixer",
+                                  f"must be one of {sorted(MIXERS)}, got {kind!r}")
+        return list(kinds)
+
+    def _validate_mixer_options(self) -> None:
+        used = set(self.mixer_kinds)
+        for key in self.mixer_options:
+            owners = [name for name, spec in MIXERS.items() if key in spec.keys]
+            if not owners:
+                raise ConfigError(key, "is not a known config key")
+            if not used.intersection(owners):
+                raise ConfigError(key, f"is only used when some layer's mixer is {owners[0]!r} (mixer: {self.mixer!r})")
+        for kind in used:
+            if MIXERS[kind].validate is not None:
+                MIXERS[kind].validate(self.mixer_options)
+
+
+def config_from_flat(cls: type[TransformerConfig], flat: Mapping) -> TransformerConfig:
+    """Build a config dataclass from flat keys: its own fields, plus any registered mixer option."""
+    own = {f.name for f in fields(cls)} - {"mixer_options"}
+    kwargs = {key: value for key, value in flat.items() if key in own}
+    kwargs["mixer_options"] = {key: value for key, value in flat.items() if key not in own}
+    return cls(**kwargs)
+
+
+def _check_int(cfg, name, *, low=None, high=None):
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) or (
+        high is not None and value > high
+    ):
+        allowed = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ConfigError(name, f"must be an integer {allowed}, got {value!r}")
+
+
+def _check_float(cfg, name, *, low=None, high=None, low_open=False, high_open=False):
+    value = getattr(cfg, name)
+    bad = isinstance(value, bool) or not isinstance(value, int | float)
+    if not bad:
+        bad = (low is not None and (value < low or (low_open and value == low))) or (
+            high is not None and (value > high or (high_open and value == high))
+        )
+    if bad:
+        lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
+        hi = "" if high is None else f"{high}" + (")" if high_open else "]")
+        allowed = f"in {lo}, {hi}" if low is not None and high is not None else (f"> {low}" if low_open else f">= {low}")
+        raise ConfigError(name, f"must be a number {allowed}, got {value!r}")
+
+
+def _check_bool(cfg, name):
+    if not isinstance(getattr(cfg, name), bool):
+        raise ConfigError(name, f"must be true or false, got {getattr(cfg, name)!r}")
+
+
+def _check_choice(cfg, name, choices):
+    if getattr(cfg, name) not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(map(str, choices))}, got {getattr(cfg, name)!r}")

@@ -1,0 +1,12 @@
+"""Configuration errors that name the offending field and what it allows."""
+
+
+class ConfigError(ValueError):
+    """A model configuration value is missing, unknown or out of range.
+
+    `field` is the flat-config key (or `key[index]`) at fault, so callers can point the user at it.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")

@@ -1,0 +1,62 @@
+"""Registry of token mixers: a new mixer is one module in `models/` plus one entry here.
+
+Each entry builds the mixer of one layer from the model's shapes and the resolved flat config, and lists the extra
+flat-config keys it reads (so `build_model` can tell a typo from a mixer option).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from models.attention import MixedHeadAttention
+from models.rope import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """What a mixer may need to know about the layer and model it is built for."""
+
+    dim: int
+    num_heads: int
+    layer: int
+    laplacian_heads: int
+    causal: bool
+    seq_len: int
+    qkv_bias: bool
+    proj_bias: bool
+    rope: RotaryEmbedding | None
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    build: Callable[[LayerContext, Mapping], nn.Module]
+    keys: frozenset[str] = field(default_factory=frozenset)
+    validate: Callable[[Mapping], None] | None = None
+
+
+def _attention(ctx: LayerContext, options: Mapping) -> nn.Module:
+    return MixedHeadAttention(
+        ctx.dim,
+        ctx.num_heads,
+        laplacian_heads=ctx.laplacian_heads,
+        causal=ctx.causal,
+        qkv_bias=ctx.qkv_bias,
+        proj_bias=ctx.proj_bias,
+        rope=ctx.rope,
+    )
+
+
+MIXERS: dict[str, MixerSpec] = {
+    "attention": MixerSpec(build=_attention),
+}
+
+
+def mixer_keys() -> frozenset[str]:
+    return frozenset(key for spec in MIXERS.values() for key in spec.keys)
+
+
+def build_mixer(kind: str, ctx: LayerContext, options: Mapping) -> nn.Module:
+    return MIXERS[kind].build(ctx, options)

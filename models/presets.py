@@ -1,0 +1,24 @@
+"""Named starting points for `build_model`; any flat-config key overrides them."""
+
+PRESETS: dict[str, dict] = {
+    # CPU-sized models for tests, quickstarts and the offline data sets.
+    "vit_tiny_digits": dict(model="vit", image_size=8, patch_size=2, in_chans=1, num_classes=10,
+                            dim=64, depth=4, num_heads=4),
+    "vit_tiny": dict(model="vit", image_size=32, patch_size=4, in_chans=3, num_classes=10,
+                     dim=128, depth=6, num_heads=4),
+    # DeiT sizes on ImageNet-1k (ViT-S is the DINO backbone of the paper).
+    "vit_s16": dict(model="vit", image_size=224, patch_size=16, in_chans=3, num_classes=1000,
+                    dim=384, depth=12, num_heads=6),
+    "vit_b16": dict(model="vit", image_size=224, patch_size=16, in_chans=3, num_classes=1000,
+                    dim=768, depth=12, num_heads=12),
+    # ViT-B width and depth for 32x32 CIFAR images with 4x4 patches (the paper's CIFAR setting).
+    "vit_b4_32": dict(model="vit", image_size=32, patch_size=4, in_chans=3, num_classes=100,
+                      dim=768, depth=12, num_heads=12),
+    "gpt_tiny": dict(model="gpt", vocab_size=257, context_length=128, dim=64, depth=4, num_heads=4),
+    "gpt_small": dict(model="gpt", vocab_size=50304, context_length=1024, dim=768, depth=12, num_heads=12),
+    # The paper's language model: 20 layers, width 1280, 10 heads, 65,536 tokens, untied embeddings (~561M).
+    "gpt_d20": dict(model="gpt", vocab_size=65536, context_length=2048, dim=1280, depth=20, num_heads=10,
+                    tie_embeddings=False),
+}
+
+DEFAULT_PRESET = {"vit": "vit_tiny", "gpt": "gpt_tiny"}

@@ -1,0 +1,115 @@
+"""A DeiT-III-style Vision Transformer with Laplacian heads.
+
+Patch embedding, a class token, learned position embeddings (on the patches; the class token carries none, as in
+DeiT-III), pre-norm blocks with LayerScale and stochastic depth, a final norm and a linear classifier reading the
+class token (or the mean of the patch tokens with ``pool="mean"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.base import MixerModel, ModelOutput
+from models.block import Block
+from models.config import TransformerConfig, _check_choice, _check_float, _check_int
+from models.errors import ConfigError
+from models.mixers import LayerContext, build_mixer
+
+
+@dataclass
+class ViTConfig(TransformerConfig):
+    image_size: int = 32
+    patch_size: int = 4
+    in_chans: int = 3
+    num_classes: int = 10
+    qkv_bias: bool = True
+    pool: str = "cls"
+    layer_scale_init: float = 1e-4
+
+    def __post_init__(self):
+        _check_int(self, "image_size", low=1)
+        _check_int(self, "patch_size", low=1, high=self.image_size)
+        if self.image_size % self.patch_size:
+            raise ConfigError("patch_size", f"must divide image_size ({self.image_size}); got {self.patch_size}")
+        _check_int(self, "in_chans", low=1)
+        _check_int(self, "num_classes", low=2)
+        _check_choice(self, "pool", ("cls", "mean"))
+        _check_float(self, "layer_scale_init", low=0.0)
+        super().__post_init__()
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+class ViT(MixerModel):
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = c = config
+        self.patch_embed = nn.Conv2d(c.in_chans, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_patches, c.dim))
+        drop_rates = [c.drop_path * layer / max(c.depth - 1, 1) for layer in range(c.depth)]
+        self.mixer_kinds = c.mixer_kinds
+        self.blocks = nn.ModuleList(
+            Block(
+                c.dim,
+                build_mixer(kind, self._layer_context(layer), c.mixer_options),
+                mlp_ratio=c.mlp_ratio,
+                drop_path=drop_rates[layer],
+                layer_scale_init=c.layer_scale_init,
+            )
+            for layer, kind in enumerate(c.mixer_kinds)
+        )
+        self.norm = nn.LayerNorm(c.dim)
+        self.head = nn.Linear(c.dim, c.num_classes)
+        self.apply(_init_weights)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def _layer_context(self, layer: int) -> LayerContext:
+        c = self.config
+        return LayerContext(
+            dim=c.dim,
+            num_heads=c.num_heads,
+            layer=layer,
+            laplacian_heads=c.laplacian_counts[layer],
+            causal=False,
+            seq_len=c.num_patches + 1,
+            qkv_bias=c.qkv_bias,
+            proj_bias=True,
+            rope=None,
+        )
+
+    def forward(self, images: torch.Tensor, return_features: bool = False):
+        """images (B, C, H, W) -> logits (B, num_classes), or ModelOutput with the last-layer tokens (B, 1 + P, d)
+        after the final norm and the feature (B, d) the classifier reads."""
+        x = self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        for block in self.blocks:
+            x = block(x)
+        tokens = self.norm(x)
+        feature = tokens[:, 0] if self.config.pool == "cls" else tokens[:, 1:].mean(dim=1)
+        logits = self.head(feature)
+        return ModelOutput(logits, tokens, feature) if return_features else logits
+
+    @property
+    def classifier_weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)

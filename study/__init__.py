@@ -1,0 +1,1 @@
+"""Ray Tune + Optuna + Ray Train + Ray Data + MLflow study system around the `models` package."""
