@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-fast quickstart bench clean
+.PHONY: setup test test-fast quickstart ui bench clean
 
 setup: $(STAMP)
 
@@ -23,11 +23,19 @@ $(STAMP): pyproject.toml
 
 # The full suite, Ray end-to-end and fault tests included (this is what CI runs).
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
 
 # Skip the slow Ray end-to-end and fault tests while developing.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
+
+# The quickstart study on the embedded default: local Ray, SQLite MLflow store in studies/quickstart, digits.
+quickstart: $(STAMP)
+	$(BIN)/lapstudy run search_spaces/quickstart.yaml
+	@echo "Open the MLflow UI with: make ui   (then http://127.0.0.1:5000)"
+
+ui: $(STAMP)
+	$(BIN)/lapstudy ui studies/quickstart
 
 bench: $(STAMP)
 	$(BIN)/python bench/attention.py
