@@ -1,0 +1,126 @@
+"""Turn raw Ray datasets (source rows) into a `TaskData`: the transform stages every source shares."""
+
+from __future__ import annotations
+
+import ray
+
+from study.data.config import CLASSIFICATION, LANGUAGE_MODELING
+from study.data.images import IMAGENET_MEAN, IMAGENET_STD, BatchMixer, ImageSpec, transform_batch
+from study.data.task_data import EpochClock, TaskData
+from study.data.text import Tokenizer, tokenize_and_pack
+
+IMAGE_MAP_BATCH = 128  # rows per decode/augment task batch
+TEXT_MAP_BATCH = 256  # documents per tokenize/pack task batch
+
+
+def image_task(
+    cfg,
+    train_rows: "ray.data.Dataset",
+    val_rows: "ray.data.Dataset",
+    *,
+    seed: int,
+    native_size: int,
+    in_chans: int,
+    num_classes: int,
+    image_column: str,
+    label_column: str,
+    num_train: int | None,
+    num_val: int | None,
+    default_mean=None,
+    default_std=None,
+    default_crop_pct: float = 1.0,
+    materialize: bool = False,
+    params: dict | None = None,
+) -> TaskData:
+    """Decode + augment (train) and decode + resize + centre crop (val) inside Ray Data map_batches tasks.
+
+    materialize: for small in-memory sources, run the deterministic stages once now instead of every epoch."""
+    size = cfg.image_size or native_size
+    spec = ImageSpec(
+        image_size=size,
+        in_chans=in_chans,
+        augment=cfg.augment,
+        crop_scale=tuple(cfg.crop_scale),
+        crop_ratio=tuple(cfg.crop_ratio),
+        hflip=cfg.hflip,
+        color_jitter=cfg.color_jitter,
+        eval_crop_pct=cfg.eval_crop_pct or default_crop_pct,
+        image_column=image_column,
+        label_column=label_column,
+    )
+    mean = cfg.mean or default_mean or (IMAGENET_MEAN if in_chans == 3 else (0.5,))
+    std = cfg.std or default_std or (IMAGENET_STD if in_chans == 3 else (0.5,))
+    if len(mean) != in_chans:
+        from study.errors import UserError
+
+        raise UserError(f"dataset.mean/std: need {in_chans} values (one per channel), got {len(mean)}")
+    random_train = cfg.augment != "none"
+    clock = EpochClock.remote() if random_train else None
+    train = train_rows.map_batches(
+        transform_batch,
+        fn_kwargs={"spec": spec, "train": True, "seed": seed, "epoch_clock": clock},
+        batch_size=IMAGE_MAP_BATCH,
+        batch_format="numpy",
+    )
+    val = val_rows.map_batches(
+        transform_batch, fn_kwargs={"spec": spec, "train": False}, batch_size=IMAGE_MAP_BATCH, batch_format="numpy"
+    )
+    if materialize:
+        val = val.materialize()
+        if not random_train:
+            train = train.materialize()
+    mixer = BatchMixer(
+        num_classes=num_classes,
+        mean=tuple(mean),
+        std=tuple(std),
+        mixup=cfg.mixup,
+        cutmix=cfg.cutmix,
+        mix_prob=cfg.mix_prob,
+        switch_prob=cfg.switch_prob,
+        label_smoothing=cfg.label_smoothing,
+    )
+    return TaskData(
+        task=CLASSIFICATION,
+        datasets={"train": train, "val": val},
+        model_overrides={"num_classes": num_classes, "image_size": size, "in_chans": in_chans},
+        num_train=num_train,
+        num_val=num_val,
+        params={**(params or {}), "num_train": num_train, "num_val": num_val},
+        shuffle_buffer=cfg.shuffle_buffer,
+        mixer=mixer,
+        epoch_clock=clock,
+    )
+
+
+def text_task(
+    cfg,
+    train_docs: "ray.data.Dataset",
+    val_docs: "ray.data.Dataset",
+    *,
+    tokenizer: Tokenizer,
+    text_column: str,
+    num_train: int | None = None,
+    num_val: int | None = None,
+    materialize: bool = False,
+    docs_per_batch: int | None = TEXT_MAP_BATCH,
+    params: dict | None = None,
+) -> TaskData:
+    """Tokenise and pack documents into (seq_len + 1)-token windows inside Ray Data map_batches tasks."""
+    kwargs = {"tokenizer": tokenizer, "seq_len": cfg.seq_len, "text_column": text_column}
+    train, val = (
+        docs.map_batches(tokenize_and_pack, fn_kwargs=kwargs, batch_size=docs_per_batch, batch_format="numpy")
+        for docs in (train_docs, val_docs)
+    )
+    if materialize:
+        train, val = train.materialize(), val.materialize()
+        num_train, num_val = train.count(), val.count()
+    return TaskData(
+        task=LANGUAGE_MODELING,
+        datasets={"train": train, "val": val},
+        model_overrides={"vocab_size": tokenizer.vocab_size, "context_length": cfg.seq_len},
+        num_train=num_train,
+        num_val=num_val,
+        params={**(params or {}), "tokenizer": tokenizer.name, "num_train": num_train, "num_val": num_val},
+        shuffle_buffer=cfg.shuffle_buffer,
+        token_bytes=tokenizer.token_bytes(),
+    )

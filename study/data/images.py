@@ -1,0 +1,279 @@
+"""Image decoding and the DeiT-III training recipe on numpy/PIL/torch (no torchvision), plus worker-side batch steps.
+
+Per-sample work (decode, random resized crop, flip, 3-Augment, colour jitter; evaluation resize + centre crop) runs
+in Ray Data `map_batches` tasks on CPU workers and hands uint8 (B, C, S, S) images to the train workers. Batch-level
+work that needs the shuffled training batch (normalisation, Mixup/CutMix, label smoothing) runs in the worker's batch
+iterator on the training device, as timm does.
+
+Randomness: a map task draws from a generator seeded by (trial seed, epoch, CRC of the batch's encoded images), so an
+epoch's augmentations depend only on the seed and the data, never on which task or process ran them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """Everything a map task needs to turn source rows into model-ready uint8 images."""
+
+    image_size: int
+    in_chans: int
+    augment: str = "none"  # none | basic | three_augment
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: bool = True
+    color_jitter: float = 0.3
+    eval_crop_pct: float = 1.0
+    image_column: str = "image"
+    label_column: str = "label"
+
+    @property
+    def mode(self) -> str:
+        return "L" if self.in_chans == 1 else "RGB"
+
+    @property
+    def eval_resize(self) -> int:
+        return int(math.floor(self.image_size / self.eval_crop_pct))
+
+
+def encoded_bytes(value) -> bytes | None:
+    """The encoded file inside a cell: raw bytes, or a Hugging Face Image struct {"bytes": ..., "path": ...}."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, dict):
+        return value.get("bytes")
+    return None
+
+
+def to_pil(value, mode: str) -> Image.Image:
+    data = encoded_bytes(value)
+    if data is not None:
+        image = Image.open(io.BytesIO(data))
+    else:
+        array = np.asarray(value)
+        if array.ndim == 3 and array.shape[-1] == 1:
+            array = array[..., 0]
+        image = Image.fromarray(array.astype(np.uint8, copy=False))
+    return image if image.mode == mode else image.convert(mode)
+
+
+def batch_crc(values) -> int:
+    crc = 0
+    for value in values:
+        data = encoded_bytes(value)
+        crc = zlib.crc32(data if data is not None else np.ascontiguousarray(value).tobytes(), crc)
+    return crc
+
+
+def random_resized_boxes(rng: np.random.Generator, sizes: np.ndarray, scale, ratio, attempts: int = 10) -> np.ndarray:
+    """Crop boxes (left, top, right, bottom) of the random resized crop for images of sizes (B, 2) = (W, H).
+
+    The torchvision algorithm, vectorised: up to `attempts` draws of area and log-aspect per image, the first that
+    fits wins, otherwise a centre crop with the aspect ratio clamped to `ratio`."""
+    width, height = sizes[:, 0:1].astype(np.float64), sizes[:, 1:2].astype(np.float64)
+    count = len(sizes)
+    area = width * height * rng.uniform(scale[0], scale[1], (count, attempts))
+    aspect = np.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1]), (count, attempts)))
+    w = np.round(np.sqrt(area * aspect))
+    h = np.round(np.sqrt(area / aspect))
+    fits = (w > 0) & (h > 0) & (w <= width) & (h <= height)
+    u_top, u_left = rng.random((count, attempts)), rng.random((count, attempts))
+    first = np.argmax(fits, axis=1)
+    rows = np.arange(count)
+    ok = fits[rows, first]
+    w, h = w[rows, first], h[rows, first]
+    top = np.floor(u_top[rows, first] * (height[:, 0] - h + 1))
+    left = np.floor(u_left[rows, first] * (width[:, 0] - w + 1))
+    # fallback: the whole image, cropped centrally to the nearest allowed aspect ratio
+    in_ratio = width[:, 0] / height[:, 0]
+    fw = np.where(in_ratio < ratio[0], width[:, 0], np.where(in_ratio > ratio[1], np.round(height[:, 0] * ratio[1]), width[:, 0]))
+    fh = np.where(in_ratio < ratio[0], np.round(width[:, 0] / ratio[0]), height[:, 0])
+    w, h = np.where(ok, w, fw), np.where(ok, h, fh)
+    top = np.where(ok, top, (height[:, 0] - h) // 2)
+    left = np.where(ok, left, (width[:, 0] - w) // 2)
+    return np.stack([left, top, left + w, top + h], axis=1)
+
+
+def center_box(width: int, height: int, resize: int, crop: int) -> tuple[float, float, float, float] | None:
+    """Box in source pixels that resize-short-side-to-`resize` then centre-crop-`crop` selects (None: whole image)."""
+    scale = resize / min(width, height)
+    half = crop / (2 * scale)
+    cx, cy = width / 2, height / 2
+    box = (cx - half, cy - half, cx + half, cy + half)
+    if width == height and abs(2 * half - width) < 1e-9:
+        return None
+    return box
+
+
+def _resize(image: Image.Image, size: int, box) -> np.ndarray:
+    if box is None and image.size == (size, size):
+        out = image
+    else:
+        out = image.resize((size, size), Image.BILINEAR, box=box)
+    array = np.asarray(out, dtype=np.uint8)
+    return array[..., None] if array.ndim == 2 else array
+
+
+def eval_images(values, spec: ImageSpec) -> np.ndarray:
+    """Resize the short side to spec.eval_resize and centre crop spec.image_size: (B, S, S, C) uint8."""
+    out = np.empty((len(values), spec.image_size, spec.image_size, spec.in_chans), dtype=np.uint8)
+    for i, value in enumerate(values):
+        image = to_pil(value, spec.mode)
+        if encoded_bytes(value) is not None and image.format == "JPEG":
+            image.draft(spec.mode, (spec.eval_resize, spec.eval_resize))
+        out[i] = _resize(image, spec.image_size, center_box(*image.size, spec.eval_resize, spec.image_size))
+    return out
+
+
+def train_images(values, spec: ImageSpec, rng: np.random.Generator) -> np.ndarray:
+    """Random resized crop, flip, and (three_augment) 3-Augment + colour jitter: (B, S, S, C) uint8."""
+    if spec.augment == "none":
+        return eval_images(values, spec)
+    images = [to_pil(value, spec.mode) for value in values]
+    sizes = np.array([image.size for image in images])
+    boxes = random_resized_boxes(rng, sizes, spec.crop_scale, spec.crop_ratio)
+    out = np.stack([_resize(image, spec.image_size, tuple(box)) for image, box in zip(images, boxes)])
+    if spec.hflip:
+        flip = rng.random(len(out)) < 0.5
+        out[flip] = out[flip, :, ::-1]
+    if spec.augment == "three_augment":
+        out = three_augment(out, rng, spec.color_jitter)
+    return out
+
+
+def three_augment(images: np.ndarray, rng: np.random.Generator, jitter: float) -> np.ndarray:
+    """DeiT III 3-Augment on (B, H, W, C) uint8: each image gets one of grayscale, solarisation, Gaussian blur
+    (sigma in [0.1, 2]), then brightness/contrast/saturation jitter by factors in [1 - jitter, 1 + jitter]."""
+    count = len(images)
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float()  # B, C, H, W in 0..255
+    choice = rng.integers(0, 3, count)
+    gray = _gray(x)
+    x = torch.where(torch.from_numpy(choice == 0)[:, None, None, None], gray.expand_as(x), x)
+    solar = torch.from_numpy(choice == 1)[:, None, None, None]
+    x = torch.where(solar & (x >= 128), 255.0 - x, x)
+    blurred = torch.from_numpy(np.flatnonzero(choice == 2))
+    if len(blurred):
+        sigma = torch.from_numpy(rng.uniform(0.1, 2.0, len(blurred)))
+        x[blurred] = gaussian_blur(x[blurred], sigma)
+    if jitter > 0:
+        b, c, s = (torch.from_numpy(rng.uniform(1 - jitter, 1 + jitter, count)).float()[:, None, None, None] for _ in range(3))
+        x = (x * b).clamp(0, 255)
+        mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True)
+        x = ((x - mean) * c + mean).clamp(0, 255)
+        if x.shape[1] == 3:
+            g = _gray(x)
+            x = ((x - g) * s + g).clamp(0, 255)
+    return x.round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[1] == 1:
+        return x
+    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """Separable Gaussian blur of (B, C, H, W) with one sigma per image, reflect padding, as one grouped conv."""
+    count, chans, height, width = x.shape
+    radius = int(min(math.ceil(3 * float(sigma.max())), (min(height, width) - 1)))
+    if radius < 1:
+        return x
+    offsets = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    kernel = torch.exp(-0.5 * (offsets[None, :] / sigma[:, None]) ** 2)
+    kernel = (kernel / kernel.sum(dim=1, keepdim=True)).float().repeat_interleave(chans, dim=0)  # B*C, K
+    flat = x.reshape(1, count * chans, height, width)
+    flat = F.pad(flat, (radius, radius, radius, radius), mode="reflect")
+    flat = F.conv2d(flat, kernel[:, None, None, :], groups=count * chans)
+    flat = F.conv2d(flat, kernel[:, None, :, None], groups=count * chans)
+    return flat.reshape(count, chans, height, width)
+
+
+def transform_batch(batch: dict, spec: ImageSpec, train: bool, seed: int = 0, epoch_clock=None) -> dict:
+    """Ray Data map_batches function: source rows -> {"image": uint8 (B, C, S, S), "label": int64 (B,)}."""
+    values = batch[spec.image_column]
+    if train and spec.augment != "none":
+        epoch = 0
+        if epoch_clock is not None:
+            import ray
+
+            epoch = ray.get(epoch_clock.get.remote())
+        rng = np.random.default_rng([seed, epoch, batch_crc(values)])
+        images = train_images(values, spec, rng)
+    else:
+        images = eval_images(values, spec)
+    return {
+        "image": np.ascontiguousarray(images.transpose(0, 3, 1, 2)),
+        "label": np.asarray(batch[spec.label_column], dtype=np.int64),
+    }
+
+
+@dataclass(frozen=True)
+class BatchMixer:
+    """Worker-side steps on a training batch: normalisation, then Mixup/CutMix and label smoothing (timm's rules)."""
+
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    mix_prob: float = 1.0
+    switch_prob: float = 0.5
+    label_smoothing: float = 0.0
+
+    @property
+    def soft(self) -> bool:
+        return self.mixup > 0 or self.cutmix > 0 or self.label_smoothing > 0
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(self.mean, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
+        return (images.float() / 255.0 - mean) / std
+
+    def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
+        images = self.normalize(batch["image"])
+        labels = batch["label"].long()
+        out = {"image": images, "label": labels}
+        if not self.soft:
+            return out
+        off = self.label_smoothing / self.num_classes
+        targets = torch.full((len(labels), self.num_classes), off, device=images.device)
+        targets.scatter_(1, labels[:, None], 1.0 - self.label_smoothing + off)
+        if (self.mixup > 0 or self.cutmix > 0) and rng.random() < self.mix_prob:
+            use_cutmix = self.cutmix > 0 and (self.mixup == 0 or rng.random() < self.switch_prob)
+            alpha = self.cutmix if use_cutmix else self.mixup
+            lam = float(rng.beta(alpha, alpha))
+            flipped = images.flip(0)
+            if use_cutmix:
+                images, lam = cutmix(images, flipped, lam, rng)
+            else:
+                images = images * lam + flipped * (1 - lam)
+            targets = targets * lam + targets.flip(0) * (1 - lam)
+            out["image"] = images
+        out["soft_label"] = targets
+        return out
+
+
+def cutmix(images: torch.Tensor, flipped: torch.Tensor, lam: float, rng: np.random.Generator):
+    """Paste a box of area ~(1 - lam) from the flipped batch; lam is corrected to the box actually pasted."""
+    height, width = images.shape[-2:]
+    cut = math.sqrt(1 - lam)
+    ch, cw = int(height * cut), int(width * cut)
+    cy, cx = int(rng.integers(0, height)), int(rng.integers(0, width))
+    y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, height)
+    x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, width)
+    images = images.clone()
+    images[..., y0:y1, x0:x1] = flipped[..., y0:y1, x0:x1]
+    return images, 1 - (y1 - y0) * (x1 - x0) / (height * width)

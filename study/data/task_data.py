@@ -1,0 +1,125 @@
+"""`TaskData`: the Ray Data datasets of a trial plus the worker-side batch iterators.
+
+Built on the trial driver by `load_task_data`; the datasets go to `TorchTrainer(datasets=...)` and the object itself
+travels to the Train workers in `train_loop_config` (without the datasets, which stay on the driver: workers read
+their shard with `ray.train.get_dataset_shard(name)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import ray
+import torch
+
+from study.data.images import BatchMixer
+
+
+@ray.remote(num_cpus=0)
+class EpochClock:
+    """The training epoch, read by the augmentation tasks so that an epoch's random draws depend on (seed, epoch).
+
+    Workers set it before they start an epoch's iteration; Ray Data starts executing the epoch only once every split
+    has asked for it, so no task of the epoch reads a stale value."""
+
+    def __init__(self):
+        self._epoch = 0
+
+    def set(self, epoch: int) -> int:
+        self._epoch = int(epoch)
+        return self._epoch
+
+    def get(self) -> int:
+        return self._epoch
+
+
+def epoch_seed(seed: int, epoch: int, *more: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, np.uint32)[0])
+
+
+@dataclass
+class TaskData:
+    task: str  # "classification" | "language_modeling"
+    datasets: dict[str, Any]  # {"train": ray.data.Dataset, "val": ray.data.Dataset}
+    model_overrides: dict
+    num_train: int | None
+    num_val: int | None
+    params: dict = field(default_factory=dict)  # resolved data settings worth logging (tokenizer, split, sizes)
+    shuffle_buffer: int = 1024
+    mixer: BatchMixer | None = None  # classification
+    token_bytes: np.ndarray | None = field(default=None, repr=False)  # language modelling: bytes per token id
+    epoch_clock: Any = field(default=None, repr=False)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["datasets"] = {}  # the datasets stay on the driver; workers use get_dataset_shard
+        return state
+
+    def data_config(self):
+        """The `ray.train.DataConfig` to give TorchTrainer(dataset_config=...): training data split equally across
+        workers (Ray's default), validation split without dropping rows so that every row is evaluated exactly once
+        (Ray's equal split drops up to world_size - 1 rows). Validation shards then differ in length by a few rows:
+        accumulate evaluation sums locally and all-reduce once after the loop."""
+        from ray.train import DataConfig
+
+        class ExactValidationDataConfig(DataConfig):
+            def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+                split_equal = {k: v for k, v in datasets.items() if k != "val"}
+                output = super().configure(split_equal, world_size, worker_handles, worker_node_ids, **kwargs)
+                if "val" in datasets:
+                    ds = datasets["val"]
+                    if ds.name is None:
+                        ds.set_name("val")
+                    ds = ds.copy(ds)
+                    ds.context.execution_options = self._resolve_execution_options("val")
+                    hints = worker_node_ids if self._enable_shard_locality else None
+                    for i, split in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=hints)):
+                        output[i]["val"] = split
+                return output
+
+        return ExactValidationDataConfig()
+
+    # ---- worker side -------------------------------------------------------------------------------------------
+
+    def train_batches(self, shard, *, batch_size: int, epoch: int, seed: int, device) -> Iterator[dict[str, torch.Tensor]]:
+        """Reshuffled (seeded by (seed, epoch)), augmented training batches; the last partial batch is dropped."""
+        if self.epoch_clock is not None:
+            ray.get(self.epoch_clock.set.remote(epoch))
+        rank = _world_rank()
+        batches = shard.iter_torch_batches(
+            batch_size=batch_size,
+            drop_last=True,
+            local_shuffle_buffer_size=max(self.shuffle_buffer, batch_size),
+            local_shuffle_seed=epoch_seed(seed, epoch, rank),
+            device=device,
+            prefetch_batches=2,
+        )
+        rng = np.random.default_rng([seed, epoch, rank, 1])
+        for batch in batches:
+            yield self._finish(batch, rng, train=True)
+
+    def val_batches(self, shard, *, batch_size: int, device) -> Iterator[dict[str, torch.Tensor]]:
+        """Every row of the shard once, in a fixed order (images: resize + centre crop, done in Ray Data)."""
+        for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False, device=device, prefetch_batches=2):
+            yield self._finish(batch, None, train=False)
+
+    def _finish(self, batch: dict, rng, *, train: bool) -> dict:
+        if self.task == "classification":
+            if train:
+                return self.mixer(batch, rng)
+            return {"image": self.mixer.normalize(batch["image"]), "label": batch["label"].long()}
+        tokens = batch["tokens"].long()
+        targets = tokens[:, 1:]
+        table = torch.from_numpy(self.token_bytes.astype(np.int64)).to(targets.device)
+        return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": table[targets]}
+
+
+def _world_rank() -> int:
+    try:
+        import ray.train
+
+        return ray.train.get_context().get_world_rank()
+    except Exception:  # outside a Train worker (benchmarks, tests of a plain dataset)
+        return 0

@@ -1,0 +1,194 @@
+"""Tokenisers and document packing for the language-modelling sources (pure numpy + tiktoken, no Ray).
+
+Two tokenisers: GPT-2 BPE through `tiktoken` (vocab 50257, <|endoftext|> = 50256) and UTF-8 bytes (vocab 257,
+end-of-text = 256). The GPT-2 merge table is read on the driver (tiktoken's cache, or `tokenizer_file`) and travels to
+the Ray Data workers inside the `Tokenizer` object, so cluster nodes need neither the cache nor the internet.
+
+Packing: documents are concatenated with an end-of-text token after each one and cut into windows of seq_len + 1
+tokens with stride seq_len (inputs = window[:-1], targets = window[1:]), so every token of the stream except the first
+is a target exactly once and nothing is padded; the tail shorter than a window is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from study.errors import UserError
+
+BYTE_VOCAB = 257
+BYTE_EOT = 256
+GPT2_EOT_TEXT = "<|endoftext|>"
+GPT2_VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
+GPT2_ENCODER_JSON_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json"
+# tiktoken's GPT-2 split pattern (tiktoken_ext.openai_public.r50k_pat_str)
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+
+_ENCODINGS: dict[str, object] = {}
+
+
+def gpt2_tokenizer(mergeable_ranks: dict[bytes, int]) -> "Tokenizer":
+    digest = hashlib.sha1()
+    for token, rank in sorted(mergeable_ranks.items(), key=lambda item: item[1]):
+        digest.update(token + rank.to_bytes(4, "little"))
+    return Tokenizer("gpt2", mergeable_ranks, digest.hexdigest())
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A picklable tokenizer: `kind` is "byte" or "gpt2"; a gpt2 tokenizer carries its merge ranks."""
+
+    kind: str
+    mergeable_ranks: dict[bytes, int] | None = field(default=None, repr=False, compare=False)
+    fingerprint: str = ""  # identifies the merge table (the per-process encoder cache key)
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    @property
+    def eot(self) -> int:
+        return BYTE_EOT if self.kind == "byte" else len(self.mergeable_ranks)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.eot + 1
+
+    @property
+    def _encoding(self):
+        # building an Encoding from 50k ranks takes a while: once per process (Ray reuses worker processes)
+        encoding = _ENCODINGS.get(self.fingerprint)
+        if encoding is None:
+            import tiktoken
+
+            encoding = tiktoken.Encoding(
+                name="gpt2",
+                pat_str=GPT2_PATTERN,
+                mergeable_ranks=self.mergeable_ranks,
+                special_tokens={GPT2_EOT_TEXT: self.eot},
+            )
+            _ENCODINGS[self.fingerprint] = encoding
+        return encoding
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids of each text; text that looks like a special token is encoded as ordinary text."""
+        if self.kind == "byte":
+            return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
+        return [np.asarray(ids, dtype=np.int32) for ids in self._encoding.encode_ordinary_batch(list(texts))]
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each token id stands for (0 for end-of-text), for bits-per-byte."""
+        if self.kind == "byte":
+            table = np.ones(BYTE_VOCAB, dtype=np.int16)
+        else:
+            enc = self._encoding
+            table = np.array(
+                [len(enc.decode_single_token_bytes(i)) for i in range(self.eot)] + [0], dtype=np.int16
+            )
+        table[self.eot] = 0
+        return table
+
+
+def pack_documents(docs: list[np.ndarray], eot: int, seq_len: int) -> np.ndarray:
+    """(n, seq_len + 1) int32 windows over doc_0, eot, doc_1, eot, ... with stride seq_len; no padding."""
+    if not docs:
+        return np.zeros((0, seq_len + 1), dtype=np.int32)
+    sep = np.array([eot], dtype=np.int32)
+    stream = np.concatenate([part for doc in docs for part in (doc.astype(np.int32, copy=False), sep)])
+    n = (len(stream) - 1) // seq_len
+    index = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+    return stream[index]
+
+
+def packed_count(num_tokens: int, seq_len: int) -> int:
+    """Windows `pack_documents` makes from a stream of num_tokens tokens (separators included)."""
+    return max(0, (num_tokens - 1) // seq_len)
+
+
+def _tiktoken_cache_dir() -> str:
+    # the same rule as tiktoken.load.read_file_cached
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return os.environ["TIKTOKEN_CACHE_DIR"]
+    if "DATA_GYM_CACHE_DIR" in os.environ:
+        return os.environ["DATA_GYM_CACHE_DIR"]
+    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+
+
+def _gpt2_cached() -> bool:
+    cache = _tiktoken_cache_dir()
+    return cache != "" and all(
+        os.path.exists(os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()))
+        for url in (GPT2_VOCAB_BPE_URL, GPT2_ENCODER_JSON_URL)
+    )
+
+
+def _reachable(host: str, port: int = 443, timeout: float = 2.0) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _ranks_from_file(path: str) -> dict[bytes, int]:
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
+
+    if os.path.isdir(path):
+        vocab, encoder = os.path.join(path, "vocab.bpe"), os.path.join(path, "encoder.json")
+        if not (os.path.isfile(vocab) and os.path.isfile(encoder)):
+            raise UserError(f"dataset.tokenizer_file: folder {path} must hold vocab.bpe and encoder.json")
+        return data_gym_to_mergeable_bpe_ranks(vocab, encoder)
+    if not os.path.isfile(path):
+        raise UserError(f"dataset.tokenizer_file: {path} does not exist (a .tiktoken file or a folder with vocab.bpe)")
+    try:
+        return load_tiktoken_bpe(path)
+    except Exception as error:  # a file that is not "<base64 token> <rank>" lines
+        raise UserError(f"dataset.tokenizer_file: {path} is not a tiktoken BPE ranks file ({error})") from None
+
+
+def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
+    """The tokenizer a config asks for. gpt2 comes from tokenizer_file, else tiktoken's cache, else a download when
+    the BPE host answers within 2 s; otherwise gpt2 is a UserError and auto falls back to bytes."""
+    if kind == "byte":
+        return Tokenizer("byte")
+    if tokenizer_file:
+        return gpt2_tokenizer(_ranks_from_file(os.path.expanduser(tokenizer_file)))
+    if _gpt2_cached() or (
+        os.environ.get("HF_HUB_OFFLINE") != "1" and _reachable("openaipublic.blob.core.windows.net")
+    ):
+        from tiktoken_ext.openai_public import gpt2
+
+        try:
+            return gpt2_tokenizer(gpt2()["mergeable_ranks"])
+        except Exception as error:
+            if kind == "gpt2":
+                raise UserError(f"dataset.tokenizer: gpt2 could not be loaded ({type(error).__name__}); "
+                                "set dataset.tokenizer_file or use tokenizer: byte") from None
+    if kind == "gpt2":
+        raise UserError(
+            f"dataset.tokenizer: gpt2 needs GPT-2's BPE files, which are not in tiktoken's cache "
+            f"({_tiktoken_cache_dir()}) and cannot be downloaded offline; set dataset.tokenizer_file "
+            "(a .tiktoken file or a folder with vocab.bpe and encoder.json), TIKTOKEN_CACHE_DIR, or tokenizer: byte"
+        )
+    return Tokenizer("byte")
+
+
+def tokenize_and_pack(batch: dict, tokenizer: Tokenizer, seq_len: int, text_column: str) -> dict:
+    """Ray Data map_batches function: a batch of documents -> {"tokens": int32 (n, seq_len + 1)} packed windows."""
+    texts = [t if isinstance(t, str) else bytes(t).decode("utf-8", errors="replace") for t in batch[text_column]]
+    return {"tokens": pack_documents(tokenizer.encode(texts), tokenizer.eot, seq_len)}
+
+
+def doc_hash_fraction(keys: list[bytes], seed: int) -> np.ndarray:
+    """A uniform number in [0, 1) per key, fixed by (key, seed): the streaming-friendly hold-out split."""
+    salt = seed.to_bytes(8, "little", signed=True)
+    return np.array(
+        [int.from_bytes(hashlib.blake2b(key, digest_size=8, salt=salt[:8]).digest(), "little") / 2.0**64 for key in keys],
+        dtype=np.float64,
+    )
