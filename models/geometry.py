@@ -84,8 +84,12 @@ def variance_decomposition(tokens: torch.Tensor, labels: torch.Tensor) -> dict[s
 def neural_collapse(
     features: torch.Tensor, labels: torch.Tensor, classifier_weight: torch.Tensor, num_classes: int | None = None
 ) -> dict[str, float]:
-    """NC1-NC4 of features (n, d) with integer labels (n,) read by a classifier of weight (C, d)."""
+    """NC1-NC4 of features (n, d) with integer labels (n,) read by a classifier of weight (C, d), by the standard
+    definitions (module docstring; not the seed's cosine NC1 and "1 - NCC error" NC4), over the classes present."""
     h = _float64(features)
+    if h.ndim != 2 or labels.shape != h.shape[:1] or classifier_weight.shape[1:] != h.shape[1:]:
+        raise ValueError(f"need features (n, d), labels (n,), classifier_weight (C, d); got {tuple(h.shape)}, "
+                         f"{tuple(labels.shape)}, {tuple(classifier_weight.shape)}")
     weight = _float64(classifier_weight).to(h.device)
     if num_classes is not None and num_classes != weight.shape[0]:
         raise ValueError(f"num_classes={num_classes} but classifier_weight has {weight.shape[0]} rows")
