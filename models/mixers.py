@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from models.attention import MixedHeadAttention
+from models.errors import ConfigError
 from models.rope import RotaryEmbedding
+from models.stlt import STLT_KEYS, STLTMixer, stlt_config, validate_stlt_options
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,17 @@ def _attention(ctx: LayerContext, options: Mapping) -> nn.Module:
     )
 
 
+def _stlt(ctx: LayerContext, options: Mapping) -> nn.Module:
+    if ctx.laplacian_heads:
+        raise ConfigError("mixer", f"layer {ctx.layer} is 'stlt', which has no heads, but the Laplacian-head schedule "
+                                   f"gives it {ctx.laplacian_heads}; give STLT layers 0 (schedule: explicit)")
+    return STLTMixer.from_config(stlt_config(options), ctx.dim, causal=ctx.causal, seq_len=ctx.seq_len,
+                                 bias=ctx.proj_bias)
+
+
 MIXERS: dict[str, MixerSpec] = {
     "attention": MixerSpec(build=_attention),
+    "stlt": MixerSpec(build=_stlt, keys=STLT_KEYS, validate=validate_stlt_options),
 }
 
 

@@ -1,0 +1,190 @@
+"""`STLTMixer`: value projection -> adaptive STLT mix -> output projection, a drop-in token mixer of the blocks.
+
+It owns the S complex nodes (sigma, omega), the shared window bandwidth T, the readout C and the node gate:
+
+- Constraints hold by construction, whatever an optimiser does to the raw parameters (no clamping, which would zero
+  the gradient at the bound and can be undone by the next step):
+      sigma = 1e-3 + softplus(sigma_raw)     >= 1e-3, behaves like exp(raw) for small sigma: relative steps across
+                                                     the four decades sigma spans
+      omega = (pi / delta) * tanh(omega_raw)  |omega| < pi / delta (Nyquist)
+      T     = 4 + softplus(T_raw)             >= 4
+  The initial values of the design (sigma log-spaced over [1e-3, 10], omega uniform in [0, pi/delta], T = max(4,
+  length/16)) sit on or next to these bounds; they are reached to within 1e-6 (sigma), 1e-3 (omega/T) of the bound.
+- Gate: logits z = W pool(x) + b; pool is the sequence mean (bilateral: one mask per sequence) or the prefix mean up
+  to each position (causal: the mask at n never sees tokens after n). Training draws a relaxed-Bernoulli mask
+  sigmoid((z + g) / tau) with logistic noise g (one draw per sequence and node) from the logits; evaluation uses the
+  hard mask 1[sigmoid(z) > 0.5] = 1[z > 0] and skips the nodes that are off everywhere in the batch.
+- tau: tau_start for the first `tau_hold` of training, then geometric to tau_end over the next `tau_anneal`.
+- regularization_loss(), with m_bar the last forward's mask averaged over batch and positions:
+      lambda_omega sum_k |omega_k| m_bar_k + lambda_sigma sum_k (sigma_k - sigma_{k-1})^2 m_bar_k m_bar_{k-1}
+      + lambda_mask sum_k m_bar_k,        zero before `reg_start_step`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.stlt.config import STLTConfig
+from models.stlt.op import stlt_mix
+
+SIGMA_MIN, SIGMA_INIT_MAX, T_MIN = 1e-3, 10.0, 4.0
+
+
+def _softplus_inverse(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+class STLTMixer(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        num_nodes: int = 32,
+        *,
+        causal: bool = False,
+        seq_len: int = 256,
+        T_init: float | None = None,
+        delta: float = 1.0,
+        lambda_omega: float = 0.01,
+        lambda_sigma: float = 0.1,
+        lambda_mask: float = 0.05,
+        reg_start_step: int = 0,
+        tau_start: float = 1.0,
+        tau_end: float = 0.2,
+        tau_hold: float = 0.1,
+        tau_anneal: float = 0.5,
+        bias: bool = True,
+        backend: str = "auto",
+        gate_bias_init: float = 3.0,
+    ):
+        super().__init__()
+        self.dim, self.num_nodes, self.causal, self.delta, self.backend = dim, num_nodes, causal, delta, backend
+        self.lambda_omega, self.lambda_sigma, self.lambda_mask = lambda_omega, lambda_sigma, lambda_mask
+        self.reg_start_step = reg_start_step
+        self.tau_start, self.tau_end, self.tau_hold, self.tau_anneal = tau_start, tau_end, tau_hold, tau_anneal
+        self.value = nn.Linear(dim, dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        S = num_nodes
+        self.sigma_raw = nn.Parameter(torch.empty(S))
+        self.omega_raw = nn.Parameter(torch.empty(S))
+        self.T_raw = nn.Parameter(torch.empty(()))
+        self.readout = nn.Parameter(torch.empty(S, dim, 2))  # C as (real, imag): optimisers and DDP see real tensors
+        # Plain parameters, not an nn.Linear, so a model-wide Linear re-initialisation leaves the gate's bias alone.
+        self.gate_weight = nn.Parameter(torch.empty(S, dim))
+        self.gate_bias = nn.Parameter(torch.empty(S))
+        self.register_buffer("step", torch.zeros((), dtype=torch.long), persistent=True)
+        self.register_buffer("tau", torch.tensor(float(tau_start)), persistent=True)
+        self._mask_mean: torch.Tensor | None = None
+        self.reset_parameters(seq_len, T_init, gate_bias_init)
+
+    @classmethod
+    def from_config(cls, config: STLTConfig, dim: int, *, causal: bool, seq_len: int, bias: bool = True):
+        return cls(
+            dim, config.stlt_nodes, causal=causal, seq_len=seq_len, T_init=config.T_init_for(seq_len),
+            delta=config.stlt_delta, lambda_omega=config.stlt_lambda_omega, lambda_sigma=config.stlt_lambda_sigma,
+            lambda_mask=config.stlt_lambda_mask, reg_start_step=config.stlt_reg_start_step,
+            tau_start=config.stlt_tau_start, tau_end=config.stlt_tau_end, tau_hold=config.stlt_tau_hold,
+            tau_anneal=config.stlt_tau_anneal, bias=bias, backend=config.stlt_backend,
+        )
+
+    @torch.no_grad()
+    def reset_parameters(self, seq_len: int, T_init: float | None, gate_bias_init: float) -> None:
+        S, nyquist = self.num_nodes, math.pi / self.delta
+        T_init = max(T_MIN, seq_len / 16) if T_init is None else T_init
+        sigma = torch.logspace(math.log10(SIGMA_MIN), math.log10(SIGMA_INIT_MAX), S, dtype=torch.float64)
+        self.sigma_raw.copy_(_softplus_inverse((sigma - SIGMA_MIN).clamp(min=1e-6)))
+        omega = torch.rand(S, dtype=torch.float64) * nyquist
+        self.omega_raw.copy_(torch.atanh((omega / nyquist).clamp(max=1 - 1e-3)))
+        self.T_raw.copy_(_softplus_inverse(torch.tensor(max(T_init - T_MIN, 1e-3), dtype=torch.float64)))
+        # Unit output variance for white input: node k's window has energy sum_t |a_k|^(2|t|) over the sequence.
+        r2 = torch.exp(-2 * (self.sigma.double() + 1 / self.T.double()) * self.delta)
+        energy = (1 - r2**seq_len) / (1 - r2)
+        energy = energy if self.causal else 2 * energy - 1
+        scale = (1 / (2 * S * energy)).sqrt()
+        self.readout.copy_(torch.randn(S, self.dim, 2, dtype=torch.float64) * scale[:, None, None])
+        nn.init.trunc_normal_(self.gate_weight, std=0.02)
+        nn.init.constant_(self.gate_bias, gate_bias_init)
+
+    @property
+    def sigma(self) -> torch.Tensor:
+        return SIGMA_MIN + F.softplus(self.sigma_raw)
+
+    @property
+    def omega(self) -> torch.Tensor:
+        return (math.pi / self.delta) * torch.tanh(self.omega_raw)
+
+    @property
+    def T(self) -> torch.Tensor:
+        return T_MIN + F.softplus(self.T_raw)
+
+    @property
+    def C(self) -> torch.Tensor:
+        return torch.view_as_complex(self.readout)
+
+    def gate_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S) from the sequence mean (bilateral) or (B, N, S) from prefix means (causal)."""
+        if not self.causal:
+            return x.mean(dim=1) @ self.gate_weight.T + self.gate_bias
+        counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[:, None]
+        return (x @ self.gate_weight.T).cumsum(dim=1) / counts + self.gate_bias
+
+    def node_mask(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return (logits > 0).to(logits.dtype)
+        noise_shape = (logits.shape[0],) + (1,) * (logits.dim() - 2) + (logits.shape[-1],)
+        u = torch.rand(noise_shape, device=logits.device, dtype=logits.dtype).clamp(1e-6, 1 - 1e-6)
+        return torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.tau)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.value(x)
+        mask = self.node_mask(self.gate_logits(x))
+        self._mask_mean = mask.reshape(-1, self.num_nodes).mean(dim=0)
+        sigma, omega, C = self.sigma, self.omega, self.C
+        if not self.training:
+            # Nodes off for every sequence and position of the batch cost nothing: drop them before the mix.
+            active = (mask.reshape(-1, self.num_nodes) > 0).any(dim=0).nonzero().squeeze(1)
+            if active.numel() == 0:
+                return self.out_proj(torch.zeros_like(v))
+            if active.numel() < self.num_nodes:
+                sigma, omega, C, mask = sigma[active], omega[active], C[active], mask[..., active]
+        y = stlt_mix(v, sigma, omega, self.T, C, mask, delta=self.delta, causal=self.causal, backend=self.backend)
+        return self.out_proj(y)
+
+    # Hooks the models forward to every mixer (models/base.py).
+
+    def set_training_step(self, step: int, total_steps: int) -> None:
+        self.step.fill_(step)
+        progress = step / max(total_steps, 1)
+        if progress < self.tau_hold:
+            tau = self.tau_start
+        elif self.tau_anneal <= 0 or progress >= self.tau_hold + self.tau_anneal:
+            tau = self.tau_end
+        else:
+            frac = (progress - self.tau_hold) / self.tau_anneal
+            tau = self.tau_start * (self.tau_end / self.tau_start) ** frac
+        self.tau.fill_(tau)
+
+    def regularization_loss(self) -> torch.Tensor:
+        if self._mask_mean is None or int(self.step) < self.reg_start_step:
+            return self.sigma_raw.new_zeros(())
+        m, sigma = self._mask_mean, self.sigma
+        frequency = (self.omega.abs() * m).sum()
+        smoothness = ((sigma[1:] - sigma[:-1]) ** 2 * m[1:] * m[:-1]).sum()
+        usage = m.sum()
+        return self.lambda_omega * frequency + self.lambda_sigma * smoothness + self.lambda_mask * usage
+
+    def stats(self) -> dict[str, float]:
+        stats = {"T": float(self.T.detach())}
+        if self._mask_mean is not None:
+            stats["s_eff"] = float(self._mask_mean.detach().sum())
+        return stats
+
+    def slow_parameters(self) -> list[nn.Parameter]:
+        return [self.sigma_raw, self.omega_raw]
+
+    def extra_repr(self) -> str:
+        kind = "causal" if self.causal else "bilateral"
+        return f"dim={self.dim}, nodes={self.num_nodes}, {kind}, delta={self.delta}, backend={self.backend!r}"

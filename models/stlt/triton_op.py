@@ -1,0 +1,152 @@
+"""The Triton STLT mix as an autograd.Function: fused forward and backward kernels (models/stlt/triton_kernels.py).
+
+The function works on the decay in log form, log a_k = log_r_k + i theta_k, and on C split into real and imaginary
+parts; torch autograd carries the gradients on to sigma, omega, T and the complex C outside it.
+
+Backward (G = dL/dy, u = mask * G, K the scan operator, K^T its adjoint: anti-causal for a causal K, K itself when
+bilateral):
+    dx         = sum_k Re(C_k U_k),               U = K^T u
+    dC         = sum_{b,n} x conj(U)
+    dL/dlog a  = sum_{b,n,d} C x sum_m |n-m| a^{|n-m|} u_m,   and sum_{m>=n} (m-n) a^{m-n} u_m = (UU - U)_n
+                 with UU the same scan applied to U (a second-order recurrence in the same pass)
+    dmask      = sum_d G Re(C L)                  (needs L: one more forward-direction pass, skipped if not needed)
+State memory is B * N/chunk * S * D per component, not B * N * S * D.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import nullcontext
+
+import torch
+
+DEFAULT_CHUNK = 64
+
+
+def _kernels():
+    # Imported on first use so that importing models never imports triton (TRITON_INTERPRET must be set before the
+    # kernels are defined, and a CPU-only install may lack a driver).
+    return importlib.import_module("models.stlt.triton_kernels")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class _Plan:
+    """Launch geometry shared by the passes of one call."""
+
+    def __init__(self, x: torch.Tensor, num_nodes: int, chunk: int, tile: int):
+        self.B, self.N, self.D = x.shape
+        self.S = num_nodes
+        self.chunk = chunk
+        self.n_chunks = triton_cdiv(self.N, chunk)
+        self.block_s = _next_pow2(num_nodes)
+        self.block_d = max(16, min(_next_pow2(self.D), tile // self.block_s))
+        self.n_dblocks = triton_cdiv(self.D, self.block_d)
+
+    @property
+    def chunk_grid(self):
+        return (self.n_chunks, self.n_dblocks, self.B)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _scan_states(plan, z, w, log_r, theta, *, order: int, reverse: bool):
+    """Incoming state of every chunk for the order-1/2 scan of v = w * z (w None: v = z)."""
+    k = _kernels()
+    state = z.new_empty(plan.B, plan.n_chunks, 2 * order, plan.S, plan.D)
+    weighted = w is not None
+    w_arg = w if weighted else z
+    w_strides = w.stride() if weighted else (0, 0, 0)
+    k._chunk_state_kernel[plan.chunk_grid](
+        z, w_arg, log_r, theta, state,
+        plan.N, plan.S, plan.D, plan.n_chunks,
+        z.stride(0), z.stride(1), *w_strides,
+        CHUNK=plan.chunk, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d,
+        ORDER=order, REVERSE=reverse, WEIGHTED=weighted,
+    )
+    k._chunk_carry_kernel[(plan.n_dblocks, plan.B)](
+        state, log_r, theta, plan.S, plan.D, plan.n_chunks,
+        CHUNK=plan.chunk, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, ORDER=order, REVERSE=reverse,
+    )
+    return state
+
+
+def _forward_readout(plan, x, mask, g, c_r, c_i, log_r, theta, out, *, reverse, mask_grad, first):
+    state = _scan_states(plan, x, None, log_r, theta, order=1, reverse=reverse)
+    _kernels()._forward_readout_kernel[plan.chunk_grid](
+        x, mask, g if mask_grad else x, c_r, c_i, log_r, theta, state, out,
+        plan.N, plan.S, plan.D, plan.n_chunks,
+        x.stride(0), x.stride(1), *mask.stride(),
+        CHUNK=plan.chunk, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, REVERSE=reverse,
+        MASK_GRAD=mask_grad, SUBTRACT_INPUT=not first, ACCUMULATE=not first,
+    )
+
+
+def _mix_or_mask_grad(plan, x, mask, g, c_r, c_i, log_r, theta, out, *, causal, mask_grad):
+    """y (mask_grad False) or the per-D-block mask gradient (True): the causal scan, plus the anti-causal one minus x
+    when bilateral (L = f + g - x)."""
+    _forward_readout(plan, x, mask, g, c_r, c_i, log_r, theta, out, reverse=False, mask_grad=mask_grad, first=True)
+    if not causal:
+        _forward_readout(plan, x, mask, g, c_r, c_i, log_r, theta, out, reverse=True, mask_grad=mask_grad, first=False)
+
+
+class STLTMixTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, log_r, theta, c_r, c_i, mask, causal: bool, chunk: int):
+        plan = _Plan(x, log_r.shape[0], chunk, tile=2048)
+        y = torch.empty_like(x)
+        _mix_or_mask_grad(plan, x, mask, None, c_r, c_i, log_r, theta, y, causal=causal, mask_grad=False)
+        ctx.save_for_backward(x, log_r, theta, c_r, c_i, mask)
+        ctx.causal, ctx.chunk = causal, chunk
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, log_r, theta, c_r, c_i, mask = ctx.saved_tensors
+        g = grad_y.contiguous().float()
+        k = _kernels()
+        plan = _Plan(x, log_r.shape[0], ctx.chunk, tile=1024)
+        dx = torch.empty_like(x)
+        dc = torch.zeros(2, plan.S, plan.D, device=x.device, dtype=torch.float32)
+        dlog_a = torch.zeros(2, plan.S, device=x.device, dtype=torch.float32)
+        # The adjoint of the causal scan runs right to left; the bilateral one adds the left-to-right scan minus u.
+        directions = [True] if ctx.causal else [True, False]
+        for first, reverse in zip([True, False], directions):
+            state = _scan_states(plan, g, mask, log_r, theta, order=2, reverse=reverse)
+            dc_part = x.new_empty(plan.B, plan.n_chunks, 2, plan.S, plan.D)
+            dlog_a_part = x.new_empty(plan.B, plan.n_chunks, plan.n_dblocks, 2, plan.S)
+            k._backward_readout_kernel[plan.chunk_grid](
+                x, mask, g, c_r, c_i, log_r, theta, state, dx, dc_part, dlog_a_part,
+                plan.N, plan.S, plan.D, plan.n_chunks,
+                x.stride(0), x.stride(1), *mask.stride(),
+                CHUNK=plan.chunk, BLOCK_S=plan.block_s, BLOCK_D=plan.block_d, REVERSE=reverse,
+                SUBTRACT_INPUT=not first, ACCUMULATE=not first,
+            )
+            dc += dc_part.sum(dim=(0, 1))
+            dlog_a += dlog_a_part.sum(dim=(0, 1, 2))
+        dmask = None
+        if ctx.needs_input_grad[5]:
+            partial = x.new_empty(plan.n_dblocks, plan.B, plan.N, plan.S)
+            _mix_or_mask_grad(plan, x, mask, g, c_r, c_i, log_r, theta, partial, causal=ctx.causal, mask_grad=True)
+            dmask = partial.sum(dim=0)
+        # dL = Re(W d(log a)) with log a = log_r + i theta: dL/dlog_r = Re W, dL/dtheta = -Im W.
+        return dx, dlog_a[0], -dlog_a[1], dc[0], dc[1], dmask, None, None
+
+
+def stlt_mix_triton(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False, chunk: int = DEFAULT_CHUNK):
+    """The STLT mix on Triton kernels; same contract as `models.stlt.stlt_mix`. Computes in float32."""
+    B, N, _ = x.shape
+    S = sigma.shape[0]
+    log_r = (-(sigma + 1.0 / T) * delta).float().contiguous()
+    theta = (-omega * delta).float().contiguous()
+    c_r = C.real.float().contiguous()
+    c_i = C.imag.float().contiguous()
+    # A per-sequence mask becomes a (B, N, S) view with stride 0 along positions: the kernels read it by strides.
+    weights = mask.float()[:, None, :].expand(B, N, S) if mask.dim() == 2 else mask.float()
+    with torch.cuda.device(x.device) if x.is_cuda else nullcontext():
+        y = STLTMixTriton.apply(x.float().contiguous(), log_r, theta, c_r, c_i, weights, causal, chunk)
+    return y.to(x.dtype)
