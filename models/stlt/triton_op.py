@@ -36,13 +36,14 @@ def _next_pow2(n: int) -> int:
 class _Plan:
     """Launch geometry shared by the passes of one call."""
 
-    def __init__(self, x: torch.Tensor, num_nodes: int, chunk: int, tile: int):
+    def __init__(self, x: torch.Tensor, num_nodes: int, chunk: int, tile: int, block_d: int | None):
         self.B, self.N, self.D = x.shape
         self.S = num_nodes
-        self.chunk = chunk
-        self.n_chunks = triton_cdiv(self.N, chunk)
+        self.chunk = min(chunk, _next_pow2(self.N))  # short sequences: no programs stepping over empty positions
+        self.n_chunks = triton_cdiv(self.N, self.chunk)
         self.block_s = _next_pow2(num_nodes)
-        self.block_d = max(16, min(_next_pow2(self.D), tile // self.block_s))
+        # One program holds a few (nodes x channels) fp32 tiles in registers: about `tile` numbers each.
+        self.block_d = block_d or max(16, min(_next_pow2(self.D), tile // self.block_s))
         self.n_dblocks = triton_cdiv(self.D, self.block_d)
 
     @property
@@ -96,12 +97,12 @@ def _mix_or_mask_grad(plan, x, mask, g, c_r, c_i, log_r, theta, out, *, causal, 
 
 class STLTMixTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, log_r, theta, c_r, c_i, mask, causal: bool, chunk: int):
-        plan = _Plan(x, log_r.shape[0], chunk, tile=2048)
+    def forward(ctx, x, log_r, theta, c_r, c_i, mask, causal: bool, chunk: int, block_d: int | None):
+        plan = _Plan(x, log_r.shape[0], chunk, tile=2048, block_d=block_d)
         y = torch.empty_like(x)
         _mix_or_mask_grad(plan, x, mask, None, c_r, c_i, log_r, theta, y, causal=causal, mask_grad=False)
         ctx.save_for_backward(x, log_r, theta, c_r, c_i, mask)
-        ctx.causal, ctx.chunk = causal, chunk
+        ctx.causal, ctx.chunk, ctx.block_d = causal, chunk, block_d
         return y
 
     @staticmethod
@@ -109,7 +110,7 @@ class STLTMixTriton(torch.autograd.Function):
         x, log_r, theta, c_r, c_i, mask = ctx.saved_tensors
         g = grad_y.contiguous().float()
         k = _kernels()
-        plan = _Plan(x, log_r.shape[0], ctx.chunk, tile=1024)
+        plan = _Plan(x, log_r.shape[0], ctx.chunk, tile=1024, block_d=ctx.block_d)
         dx = torch.empty_like(x)
         dc = torch.zeros(2, plan.S, plan.D, device=x.device, dtype=torch.float32)
         dlog_a = torch.zeros(2, plan.S, device=x.device, dtype=torch.float32)
@@ -134,11 +135,13 @@ class STLTMixTriton(torch.autograd.Function):
             _mix_or_mask_grad(plan, x, mask, g, c_r, c_i, log_r, theta, partial, causal=ctx.causal, mask_grad=True)
             dmask = partial.sum(dim=0)
         # dL = Re(W d(log a)) with log a = log_r + i theta: dL/dlog_r = Re W, dL/dtheta = -Im W.
-        return dx, dlog_a[0], -dlog_a[1], dc[0], dc[1], dmask, None, None
+        return dx, dlog_a[0], -dlog_a[1], dc[0], dc[1], dmask, None, None, None
 
 
-def stlt_mix_triton(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False, chunk: int = DEFAULT_CHUNK):
-    """The STLT mix on Triton kernels; same contract as `models.stlt.stlt_mix`. Computes in float32."""
+def stlt_mix_triton(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False,
+                    chunk: int = DEFAULT_CHUNK, block_d: int | None = None):
+    """The STLT mix on Triton kernels; same contract as `models.stlt.stlt_mix`. Computes in float32.
+    `chunk` (positions per program) and `block_d` (channels per program, a power of two) set the launch geometry."""
     B, N, _ = x.shape
     S = sigma.shape[0]
     log_r = (-(sigma + 1.0 / T) * delta).float().contiguous()
@@ -148,5 +151,5 @@ def stlt_mix_triton(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: 
     # A per-sequence mask becomes a (B, N, S) view with stride 0 along positions: the kernels read it by strides.
     weights = mask.float()[:, None, :].expand(B, N, S) if mask.dim() == 2 else mask.float()
     with torch.cuda.device(x.device) if x.is_cuda else nullcontext():
-        y = STLTMixTriton.apply(x.float().contiguous(), log_r, theta, c_r, c_i, weights, causal, chunk)
+        y = STLTMixTriton.apply(x.float().contiguous(), log_r, theta, c_r, c_i, weights, causal, chunk, block_d)
     return y.to(x.dtype)

@@ -1,0 +1,158 @@
+"""The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (FFT) backend against
+the reference forward and backward, its memory audit, and input errors. The Triton backend: tests/test_stlt_triton.py."""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from models.stlt import stlt_mix
+from models.stlt.fftconv import fft_size
+
+
+def make_inputs(B, N, D, S, *, per_position, dtype=torch.float64, seed=0):
+    """Random op inputs with decays from fast to slow (|a| up to ~0.99) and frequencies up to Nyquist."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, N, D, generator=g, dtype=dtype)
+    sigma = torch.rand(S, generator=g, dtype=dtype) * 0.5 + 1e-3
+    omega = (torch.rand(S, generator=g, dtype=dtype) * 2 - 1) * math.pi
+    T = torch.tensor(12.0, dtype=dtype)
+    C = torch.randn(S, D, generator=g, dtype=dtype) + 1j * torch.randn(S, D, generator=g, dtype=dtype)
+    mask_shape = (B, N, S) if per_position else (B, S)
+    mask = torch.rand(mask_shape, generator=g, dtype=dtype)
+    return [t.requires_grad_() for t in (x, sigma, omega, T, C, mask)]
+
+
+def mix_and_grads(inputs, grad_out, **kwargs):
+    y = stlt_mix(*inputs, **kwargs)
+    return y, torch.autograd.grad(y, inputs, grad_out)
+
+
+def explicit_recurrence(x, sigma, omega, T, C, mask, *, delta, causal):
+    """The design's recurrences, one position at a time: f_n = a f_{n-1} + x_n, g_n = a g_{n+1} + x_n,
+    L = f + g - x (bilateral) or f (causal), y = sum_k mask Re(C_k L_k)."""
+    B, N, D = x.shape
+    a = torch.exp(-(sigma + 1 / T + 1j * omega) * delta)[:, None]  # (S, 1)
+    xc = x.to(C.dtype)
+    f, g = [None] * N, [None] * N
+    state = torch.zeros(B, len(sigma), D, dtype=C.dtype)
+    for n in range(N):
+        state = a * state + xc[:, n, None]
+        f[n] = state
+    state = torch.zeros_like(state)
+    for n in reversed(range(N)):
+        state = a * state + xc[:, n, None]
+        g[n] = state
+    L = torch.stack(f, 1) if causal else torch.stack(f, 1) + torch.stack(g, 1) - xc[:, :, None]
+    m = mask[:, None] if mask.dim() == 2 else mask
+    return torch.einsum("bnk,bnkd->bnd", m, (C * L).real)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_reference_is_the_design_recurrence(causal, per_position):
+    inputs = [t.detach() for t in make_inputs(2, 9, 3, 4, per_position=per_position)]
+    expected = explicit_recurrence(*inputs, delta=0.8, causal=causal)
+    got = stlt_mix(*inputs, delta=0.8, causal=causal, backend="reference")
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_reference_gradcheck(causal, per_position):
+    inputs = make_inputs(2, 5, 2, 3, per_position=per_position)
+    assert torch.autograd.gradcheck(
+        lambda *args: stlt_mix(*args, delta=0.7, causal=causal, backend="reference"), inputs, eps=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("per_position", [False, True])
+@pytest.mark.parametrize(("N", "S"), [(1, 1), (7, 5), (37, 3), (64, 16), (101, 8)])
+def test_torch_backend_matches_reference_forward_and_backward(causal, per_position, N, S):
+    inputs = make_inputs(2, N, 6, S, per_position=per_position, seed=N * 100 + S)
+    grad_out = torch.randn(2, N, 6, dtype=torch.float64)
+    y_ref, g_ref = mix_and_grads(inputs, grad_out, delta=0.9, causal=causal, backend="reference")
+    y, grads = mix_and_grads(inputs, grad_out, delta=0.9, causal=causal, backend="torch")
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for name, got, ref in zip(("x", "sigma", "omega", "T", "C", "mask"), grads, g_ref):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def test_torch_backend_float32_stays_close_to_float64():
+    inputs = make_inputs(2, 300, 8, 6, per_position=True)
+    y64 = stlt_mix(*inputs, causal=True, backend="reference")
+    y32 = stlt_mix(*[t.detach().to(torch.complex64 if t.is_complex() else torch.float32) for t in inputs], causal=True)
+    assert y32.dtype == torch.float32
+    torch.testing.assert_close(y32.double(), y64, rtol=1e-4, atol=1e-4 * y64.abs().max().item())
+
+
+def test_auto_backend_on_cpu_is_the_torch_path():
+    inputs = [t.detach() for t in make_inputs(1, 10, 3, 2, per_position=False)]
+    assert torch.equal(stlt_mix(*inputs), stlt_mix(*inputs, backend="torch"))
+
+
+class ByteAudit(TorchDispatchMode):
+    """Largest tensor (in bytes) any op creates, forward and backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.largest_op = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > self.largest:
+                self.largest, self.largest_op = t.numel() * t.element_size(), str(func)
+        return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_torch_backend_never_materialises_B_N_S_D(causal, per_position):
+    B, N, D, S = 2, 96, 16, 16
+    inputs = make_inputs(B, N, D, S, per_position=per_position)
+    limit = B * N * S * D * inputs[0].element_size()
+    for backend, should_fit in (("torch", True), ("reference", False)):
+        with ByteAudit() as audit:
+            y = stlt_mix(*inputs, causal=causal, backend=backend)
+            torch.autograd.grad(y, inputs, torch.ones_like(y))
+        # The reference must trip the audit, or the audit proves nothing.
+        assert (audit.largest < limit) == should_fit, (backend, audit.largest, audit.largest_op, limit)
+
+
+def test_fft_size_is_smallest_5_smooth_at_least_n():
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for n in range(1, 400):
+        size = fft_size(n)
+        assert size >= n and smooth(size) and not any(smooth(m) for m in range(n, size))
+
+
+@pytest.mark.parametrize(
+    ("change", "argument"),
+    [
+        (lambda a: a.update(x=a["x"][0]), "x"),
+        (lambda a: a.update(sigma=a["sigma"][:, None]), "sigma"),
+        (lambda a: a.update(omega=a["omega"][:-1]), "omega"),
+        (lambda a: a.update(T=torch.ones(2)), "T"),
+        (lambda a: a.update(C=a["C"].real), "C"),
+        (lambda a: a.update(C=a["C"][:, :-1]), "C"),
+        (lambda a: a.update(mask=a["mask"][:, :-1]), "mask"),
+        (lambda a: a.update(delta=0.0), "delta"),
+        (lambda a: a.update(backend="cuda"), "backend"),
+    ],
+)
+def test_bad_inputs_name_the_argument(change, argument):
+    x, sigma, omega, T, C, mask = (t.detach() for t in make_inputs(2, 5, 3, 4, per_position=False))
+    args = dict(x=x, sigma=sigma, omega=omega, T=T, C=C, mask=mask, delta=1.0, backend="auto")
+    change(args)
+    with pytest.raises(ValueError, match=f"^{argument}:"):
+        stlt_mix(args.pop("x"), args.pop("sigma"), args.pop("omega"), args.pop("T"), args.pop("C"), args.pop("mask"),
+                 **args)
