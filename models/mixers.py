@@ -53,8 +53,8 @@ def _attention(ctx: LayerContext, options: Mapping) -> nn.Module:
 
 def _stlt(ctx: LayerContext, options: Mapping) -> nn.Module:
     if ctx.laplacian_heads:
-        raise ConfigError("mixer", f"layer {ctx.layer} is 'stlt', which has no heads, but the Laplacian-head schedule "
-                                   f"gives it {ctx.laplacian_heads}; give STLT layers 0 (schedule: explicit)")
+        raise ConfigError("mixer", f"layer {ctx.layer} is 'stlt' (no heads) but the Laplacian-head schedule gives it "
+                                   f"{ctx.laplacian_heads}; STLT layers must get 0 (schedule: explicit)")
     return STLTMixer.from_config(stlt_config(options), ctx.dim, causal=ctx.causal, seq_len=ctx.seq_len,
                                  bias=ctx.proj_bias)
 

@@ -1,0 +1,244 @@
+"""STLTMixer: causality through the gate, constraints under abusive optimisation, the regulariser on a hand-computed
+case, eval-mode node skipping, the tau schedule, and the model/config integration (keys, errors, hooks)."""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from models import ConfigError, build_model
+from models.stlt import STLTMixer, stlt_mix
+from models.stlt import mixer as mixer_module
+
+
+def make_mixer(causal, S=6, dim=12, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return STLTMixer(dim, S, causal=causal, seq_len=32, **kwargs).double()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_causal_mixer_never_sees_the_future(training):
+    """Changing tokens after t leaves outputs at <= t unchanged, gate included (prefix pooling), while a bilateral
+    mixer and later positions do change."""
+    B, N, t = 3, 20, 8
+    mixers = {causal: make_mixer(causal).train(training) for causal in (True, False)}
+    x = torch.randn(B, N, 12, dtype=torch.float64)
+    x_changed = x.clone()
+    x_changed[:, t + 1:] = torch.randn(B, N - t - 1, 12, dtype=torch.float64) * 5
+    outputs = {}
+    for causal, mixer in mixers.items():
+        for name, inp in (("x", x), ("changed", x_changed)):
+            torch.manual_seed(123)  # the same gate noise for both inputs
+            outputs[causal, name] = mixer(inp)
+    torch.testing.assert_close(outputs[True, "x"][:, : t + 1], outputs[True, "changed"][:, : t + 1], rtol=0, atol=1e-12)
+    assert (outputs[True, "x"][:, t + 1:] - outputs[True, "changed"][:, t + 1:]).abs().max() > 1e-3
+    assert (outputs[False, "x"][:, : t + 1] - outputs[False, "changed"][:, : t + 1]).abs().max() > 1e-3
+
+
+def test_causal_gate_uses_prefix_means():
+    mixer = make_mixer(True)
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    logits = mixer.gate_logits(x)
+    for n in range(7):
+        expected = x[:, : n + 1].mean(dim=1) @ mixer.gate_weight.T + mixer.gate_bias
+        torch.testing.assert_close(logits[:, n], expected)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_constraints_hold_after_many_huge_steps(optimizer):
+    """A loss pulling sigma and T down and |omega| up (then the other way), with absurd learning rates on the node
+    parameters: the effective values stay in sigma >= 1e-3, |omega| <= pi/delta, T >= 4, and the output finite."""
+    delta = 0.5
+    mixer = make_mixer(True, delta=delta)
+    x = torch.randn(2, 10, 12, dtype=torch.float64)
+    nodes = [mixer.sigma_raw, mixer.omega_raw, mixer.T_raw]
+    opt = torch.optim.SGD(nodes, lr=1e4) if optimizer == "sgd" else torch.optim.Adam(nodes, lr=50.0)
+    for step in range(40):
+        sign = -1.0 if step % 20 >= 15 else 1.0  # swing back now and then so raw values cross both ways
+        loss = sign * (mixer.sigma.sum() + mixer.T - mixer.omega.abs().sum()) + mixer(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert mixer.sigma.min() >= 1e-3
+        assert mixer.omega.abs().max() <= math.pi / delta
+        assert mixer.T >= 4.0
+    assert torch.isfinite(mixer(x)).all()
+    # The push won: the parameters sit at their bounds, not stuck in the middle.
+    assert mixer.sigma.min() < 2e-3 and mixer.T < 4.01 and mixer.omega.abs().max() > 0.99 * math.pi / delta
+
+
+def test_initialisation_follows_the_design():
+    torch.manual_seed(0)
+    mixer = STLTMixer(16, 9, causal=False, seq_len=320, delta=0.5)
+    expected_sigma = torch.logspace(-3, 1, 9, dtype=torch.float64)
+    torch.testing.assert_close(mixer.sigma.double(), expected_sigma, rtol=1e-4, atol=2e-6)
+    assert (mixer.omega >= 0).all() and (mixer.omega <= math.pi / 0.5).all()
+    assert abs(mixer.T.item() - 320 / 16) < 1e-4
+    assert abs(STLTMixer(16, 4, seq_len=32).T.item() - 4.0) < 2e-3  # max(4, 32/16)
+    assert STLTMixer(16, 4, seq_len=32, T_init=10.0).T.item() == pytest.approx(10.0)
+
+
+def test_regulariser_on_a_hand_computed_case():
+    """Eval-mode hard masks from a gate that reads channel 0: m_bar = (3/4, 1/4, 1) over four sequences."""
+    mixer = make_mixer(False, S=3, lambda_omega=0.3, lambda_sigma=0.7, lambda_mask=0.11, reg_start_step=5)
+    sigma = torch.tensor([0.1, 0.5, 2.0], dtype=torch.float64)
+    omega = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
+    with torch.no_grad():
+        mixer.sigma_raw.copy_(torch.log(torch.expm1(sigma - 1e-3)))
+        mixer.omega_raw.copy_(torch.atanh(omega / math.pi))
+        mixer.gate_weight.zero_()
+        mixer.gate_weight[0, 0], mixer.gate_weight[1, 0] = 1.0, -1.0
+        mixer.gate_bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
+    x = torch.zeros(4, 5, 12, dtype=torch.float64)
+    x[:, :, 0] = torch.tensor([1.0, 1.0, -1.0, 1.0])[:, None]
+    mixer.eval()(x)
+    m = [0.75, 0.25, 1.0]
+    expected = (0.3 * (0.3 * m[0] + 1.0 * m[1] + 2.0 * m[2])
+                + 0.7 * ((0.5 - 0.1) ** 2 * m[1] * m[0] + (2.0 - 0.5) ** 2 * m[2] * m[1])
+                + 0.11 * sum(m))
+    assert mixer.regularization_loss().item() == 0.0  # before reg_start_step
+    mixer.set_training_step(5, 100)
+    assert mixer.regularization_loss().item() == pytest.approx(expected, rel=1e-9)
+    assert mixer.stats()["s_eff"] == pytest.approx(2.0)
+
+
+def test_regulariser_trains_the_gate_and_the_nodes():
+    mixer = make_mixer(True).train()
+    mixer(torch.randn(2, 9, 12, dtype=torch.float64))
+    mixer.regularization_loss().backward()
+    for p in (mixer.gate_bias, mixer.gate_weight, mixer.sigma_raw, mixer.omega_raw):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_training_mask_is_a_relaxed_bernoulli_of_the_logits():
+    """sigmoid((z + logistic noise) / tau): the fraction of draws above 1/2 is sigmoid(z), whatever tau is."""
+    mixer = make_mixer(False, S=3)
+    mixer.tau.fill_(0.3)
+    logits = torch.tensor([[-1.0, 0.0, 2.0]], dtype=torch.float64).expand(20000, 3)
+    torch.manual_seed(0)
+    mask = mixer.train().node_mask(logits)
+    assert ((mask > 0.05) & (mask < 0.95)).float().mean() > 0.05  # relaxed: a share of draws is far from 0 and 1
+    torch.testing.assert_close((mask > 0.5).double().mean(0), torch.sigmoid(logits[0]), rtol=0, atol=0.015)
+    assert torch.equal(mixer.eval().node_mask(logits), (logits > 0).double())
+
+
+def test_tau_schedule_holds_then_anneals_geometrically():
+    mixer = make_mixer(False, tau_start=1.0, tau_end=0.25, tau_hold=0.1, tau_anneal=0.4)
+    taus = {}
+    for step in (0, 9, 10, 30, 50, 80, 100):
+        mixer.set_training_step(step, 100)
+        taus[step] = mixer.tau.item()
+    assert taus[0] == taus[9] == 1.0
+    assert taus[10] == pytest.approx(1.0)
+    assert taus[30] == pytest.approx(0.25**0.5)  # halfway through the anneal: geometric mean
+    assert taus[50] == taus[80] == taus[100] == pytest.approx(0.25)
+
+
+class WorkCount(TorchDispatchMode):
+    """Total elements of every op's outputs: a proxy of the work done."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.elements += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_eval_skips_nodes_off_for_the_whole_batch(causal, monkeypatch):
+    S, off = 8, [1, 4, 5, 7]
+    mixer = make_mixer(causal, S=S).eval()
+    with torch.no_grad():
+        mixer.gate_bias[off] = -50.0
+    x = torch.randn(3, 16, 12, dtype=torch.float64)
+
+    # Same output as mixing with every node and a mask that is zero on the skipped ones.
+    with torch.no_grad():
+        hard = mixer.node_mask(mixer.gate_logits(x))
+        assert hard[..., off].abs().sum() == 0 and hard.sum() > 0
+        full = mixer.out_proj(stlt_mix(mixer.value(x), mixer.sigma, mixer.omega, mixer.T, mixer.C, hard,
+                                       causal=causal))
+    seen = []
+    real_mix = mixer_module.stlt_mix
+    monkeypatch.setattr(mixer_module, "stlt_mix", lambda *a, **k: seen.append(a[1].shape[0]) or real_mix(*a, **k))
+    with torch.no_grad(), WorkCount() as skipping:
+        y = mixer(x)
+    torch.testing.assert_close(y, full, rtol=1e-10, atol=1e-12)
+    assert seen == [S - len(off)]
+
+    # Less work than the same forward with every node on.
+    with torch.no_grad():
+        mixer.gate_bias[off] = 50.0
+    with torch.no_grad(), WorkCount() as everything:
+        mixer(x)
+    assert seen[-1] == S
+    assert skipping.elements < everything.elements
+
+
+def test_eval_with_every_node_off_returns_the_output_bias():
+    mixer = make_mixer(False).eval()
+    with torch.no_grad():
+        mixer.gate_bias.fill_(-50.0)
+    y = mixer(torch.randn(2, 5, 12, dtype=torch.float64))
+    torch.testing.assert_close(y, mixer.out_proj.bias.expand_as(y))
+    assert mixer.stats()["s_eff"] == 0.0
+
+
+# Integration with the models package: config keys, errors, hooks.
+
+
+def test_models_with_stlt_layers_expose_the_hooks():
+    model = build_model({"model": "gpt", "dim": 32, "depth": 3, "num_heads": 2, "context_length": 64,
+                         "mixer": ["stlt", "attention", "stlt"], "stlt_nodes": 5, "stlt_T_init": 6.0})
+    kinds = [type(block.mixer).__name__ for block in model.blocks]
+    assert kinds == ["STLTMixer", "MixedHeadAttention", "STLTMixer"]
+    assert model.blocks[0].mixer.num_nodes == 5 and model.blocks[0].mixer.causal
+    model(torch.randint(0, 257, (2, 16)))
+    stats = model.mixer_stats()
+    assert set(stats) == {"stlt_s_eff_l0", "stlt_T_l0", "stlt_s_eff_l2", "stlt_T_l2"}
+    assert stats["stlt_T_l0"] == pytest.approx(6.0)
+    reg = model.regularization_loss()
+    assert reg.item() == pytest.approx(sum(model.blocks[i].mixer.regularization_loss().item() for i in (0, 2)))
+    groups = model.param_groups(weight_decay=0.1, slow_lr_scale=0.1)
+    slow = [g for g in groups if g["lr_scale"] == 0.1]
+    assert len(slow) == 1 and {id(p) for p in slow[0]["params"]} == {
+        id(model.blocks[i].mixer.sigma_raw) for i in (0, 2)} | {id(model.blocks[i].mixer.omega_raw) for i in (0, 2)}
+    model.set_training_step(50, 100)
+    assert model.blocks[2].mixer.step.item() == 50
+
+
+def test_vit_stlt_layers_are_bilateral():
+    vit = build_model({"preset": "vit_tiny_digits", "mixer": "stlt", "stlt_nodes": 4})
+    assert all(not block.mixer.causal for block in vit.blocks)
+    assert vit(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"mixer": "stlt", "stlt_nodes": 0}, "stlt_nodes"),
+        ({"mixer": "stlt", "stlt_nodes": 2.5}, "stlt_nodes"),
+        ({"mixer": "stlt", "stlt_T_init": 3.0}, "stlt_T_init"),
+        ({"mixer": "stlt", "stlt_T_init": "big"}, "stlt_T_init"),
+        ({"mixer": "stlt", "stlt_delta": 0}, "stlt_delta"),
+        ({"mixer": "stlt", "stlt_lambda_omega": -0.1}, "stlt_lambda_omega"),
+        ({"mixer": "stlt", "stlt_reg_start_step": -1}, "stlt_reg_start_step"),
+        ({"mixer": "stlt", "stlt_tau_end": 0.0}, "stlt_tau_end"),
+        ({"mixer": "stlt", "stlt_tau_hold": 0.5, "stlt_tau_anneal": 0.6}, "stlt_tau_anneal"),
+        ({"mixer": "stlt", "stlt_lr_scale": 0}, "stlt_lr_scale"),
+        ({"mixer": "stlt", "stlt_backend": "cuda"}, "stlt_backend"),
+        ({"mixer": "attention", "stlt_nodes": 8}, "stlt_nodes"),
+        ({"mixer": "stlt", "k": 1}, "mixer"),
+        ({"mixer": ["stlt", "attention"]}, "mixer"),
+    ],
+)
+def test_bad_stlt_configs_name_the_field(config, field):
+    with pytest.raises(ConfigError) as info:
+        build_model({"preset": "vit_tiny_digits", **config})
+    assert info.value.field == field
+    assert "must" in str(info.value) or "only used" in str(info.value)
