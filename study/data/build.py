@@ -6,7 +6,8 @@ import ray
 
 from study.data.config import CLASSIFICATION, LANGUAGE_MODELING
 from study.data.images import IMAGENET_MEAN, IMAGENET_STD, BatchMixer, ImageSpec, transform_batch
-from study.data.task_data import EpochClock, TaskData
+from study.data.epoch import EpochSource
+from study.data.task_data import TaskData
 from study.data.text import Tokenizer, tokenize_and_pack
 
 IMAGE_MAP_BATCH = 128  # rows per decode/augment task batch
@@ -55,7 +56,7 @@ def image_task(
 
         raise UserError(f"dataset.mean/std: need {in_chans} values (one per channel), got {len(mean)}")
     random_train = cfg.augment != "none"
-    clock = EpochClock.remote() if random_train else None
+    clock = EpochSource() if random_train else None
     train = train_rows.map_batches(
         transform_batch,
         fn_kwargs={"spec": spec, "train": True, "seed": seed, "epoch_clock": clock},

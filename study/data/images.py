@@ -205,11 +205,7 @@ def transform_batch(batch: dict, spec: ImageSpec, train: bool, seed: int = 0, ep
     """Ray Data map_batches function: source rows -> {"image": uint8 (B, C, S, S), "label": int64 (B,)}."""
     values = batch[spec.image_column]
     if train and spec.augment != "none":
-        epoch = 0
-        if epoch_clock is not None:
-            import ray
-
-            epoch = ray.get(epoch_clock.get.remote())
+        epoch = epoch_clock.epoch() if epoch_clock is not None else 0
         rng = np.random.default_rng([seed, epoch, batch_crc(values)])
         images = train_images(values, spec, rng)
     else:

@@ -11,28 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
-import ray
 import torch
 
 from study.data.images import BatchMixer
-
-
-@ray.remote(num_cpus=0)
-class EpochClock:
-    """The training epoch, read by the augmentation tasks so that an epoch's random draws depend on (seed, epoch).
-
-    Workers set it before they start an epoch's iteration; Ray Data starts executing the epoch only once every split
-    has asked for it, so no task of the epoch reads a stale value."""
-
-    def __init__(self):
-        self._epoch = 0
-
-    def set(self, epoch: int) -> int:
-        self._epoch = int(epoch)
-        return self._epoch
-
-    def get(self) -> int:
-        return self._epoch
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> int:
@@ -50,7 +31,7 @@ class TaskData:
     shuffle_buffer: int = 1024
     mixer: BatchMixer | None = None  # classification
     token_bytes: np.ndarray | None = field(default=None, repr=False)  # language modelling: bytes per token id
-    epoch_clock: Any = field(default=None, repr=False)
+    epoch_clock: Any = field(default=None, repr=False)  # study.data.epoch.EpochSource for random augmentation
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -86,7 +67,7 @@ class TaskData:
     def train_batches(self, shard, *, batch_size: int, epoch: int, seed: int, device) -> Iterator[dict[str, torch.Tensor]]:
         """Reshuffled (seeded by (seed, epoch)), augmented training batches; the last partial batch is dropped."""
         if self.epoch_clock is not None:
-            ray.get(self.epoch_clock.set.remote(epoch))
+            self.epoch_clock.set(epoch)
         rank = _world_rank()
         batches = shard.iter_torch_batches(
             batch_size=batch_size,

@@ -1,0 +1,144 @@
+"""Language-modelling sources: FineWeb-Edu streamed from the hub, and local text / jsonl / parquet files.
+
+Documents are tokenised and packed inside Ray Data (`build.text_task`); nothing is read before the first batch is
+asked for, except the validation document ids of FineWeb-Edu (one column of one file).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import ray
+
+from study.data.build import text_task
+from study.data.config import FineWebEduConfig, TextFilesConfig
+from study.data.hub import resolve_parquet_files
+from study.data.task_data import TaskData
+from study.data.text import doc_hash_fraction, resolve_tokenizer
+from study.errors import UserError
+
+TEXT_EXTENSIONS = (".txt", ".jsonl", ".parquet")
+
+
+def _seeded_order(items: list, seed: int) -> list:
+    """A fixed seeded permutation of the training files: the epochs then differ by the workers' local shuffle
+    (seeded by (seed, epoch)), so epoch k is the same whether or not the run was resumed before it."""
+    return [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
+
+
+def _drop_ids(batch: dict, ids: frozenset, id_column: str) -> dict:
+    keep = np.array([i not in ids for i in batch[id_column]], dtype=bool)
+    return {name: values[keep] for name, values in batch.items()}
+
+
+def _first_ids(path: str, filesystem, column: str, count: int) -> list[str]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(filesystem.open_input_file(path) if filesystem else path)
+    if column not in parquet.schema_arrow.names:
+        raise UserError(f"dataset: {path} has no {column!r} column (columns: {', '.join(parquet.schema_arrow.names)})")
+    ids = []
+    for batch in parquet.iter_batches(columns=[column], batch_size=min(count, 65536)):
+        ids.extend(batch.column(0).to_pylist())
+        if len(ids) >= count:
+            break
+    return ids[:count]
+
+
+def load_fineweb_edu(cfg: FineWebEduConfig, seed: int) -> TaskData:
+    """Validation: the first val_documents documents of the sample's last parquet file; training: every other
+    document of the sample (the validation ids are filtered out), its files in a seeded order."""
+    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)  # fail on the tokenizer before the network
+    hub = resolve_parquet_files(cfg.hub_id, config_name=cfg.sample, revision=cfg.revision, local_dir=cfg.local_dir,
+                                source="fineweb_edu", what=f"{cfg.hub_id} ({cfg.sample})")
+    files = hub.files("train", "sample")
+    id_column = "id"
+    val_ids = frozenset(_first_ids(files[-1], hub.filesystem, id_column, cfg.val_documents))
+    columns = [cfg.text_column, id_column]
+    read = lambda paths, **kw: ray.data.read_parquet(paths, filesystem=hub.filesystem, columns=columns, **kw)  # noqa: E731
+    val_docs = read(files[-1:]).limit(cfg.val_documents)
+    train_docs = read(_seeded_order(files, seed)).map_batches(
+        _drop_ids, fn_kwargs={"ids": val_ids, "id_column": id_column}, batch_format="numpy"
+    )
+    if cfg.max_train_documents:
+        train_docs = train_docs.limit(cfg.max_train_documents)
+    return text_task(
+        cfg, train_docs, val_docs, tokenizer=tokenizer, text_column=cfg.text_column,
+        params={"source": "fineweb_edu", "hub_id": cfg.hub_id, "sample": cfg.sample,
+                "read_from": "local copy" if hub.local else "hub", "val_documents": len(val_ids)},
+    )
+
+
+def _text_paths(path: str, field_name: str) -> tuple[list[str], str]:
+    path = os.path.expanduser(path)
+    if os.path.isdir(path):
+        files = sorted(
+            os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f.lower().endswith(TEXT_EXTENSIONS)
+        )
+    elif any(c in path for c in "*?["):
+        files = sorted(glob.glob(path, recursive=True))
+    else:
+        files = [path] if os.path.isfile(path) else []
+    if not files:
+        raise UserError(f"dataset.{field_name}: no .txt, .jsonl or .parquet files at {path}")
+    kinds = sorted({os.path.splitext(f)[1].lower() for f in files})
+    if len(kinds) > 1 or kinds[0] not in TEXT_EXTENSIONS:
+        raise UserError(f"dataset.{field_name}: expected one kind of .txt, .jsonl or .parquet files, found {', '.join(kinds)}")
+    return files, kinds[0]
+
+
+def _text_of_file(batch: dict) -> dict:
+    return {"text": np.array([bytes(b).decode("utf-8", errors="replace") for b in batch["bytes"]], dtype=object)}
+
+
+def _hash_side(batch: dict, column: str, seed: int, fraction: float, keep_val: bool) -> dict:
+    keys = [(t if isinstance(t, str) else str(t)).encode("utf-8") for t in batch[column]]
+    is_val = doc_hash_fraction(keys, seed) < fraction
+    keep = is_val if keep_val else ~is_val
+    return {name: values[keep] for name, values in batch.items()}
+
+
+def _read_docs(files: list[str], kind: str, column: str):
+    if kind == ".txt":
+        return ray.data.read_binary_files(files).map_batches(_text_of_file, batch_format="numpy"), "text"
+    if kind == ".jsonl":
+        ds = ray.data.read_json(files, lines=True)
+    else:
+        ds = ray.data.read_parquet(files, columns=[column])
+    return ds.select_columns([column]), column
+
+
+def load_text_files(cfg: TextFilesConfig, seed: int) -> TaskData:
+    """.txt: one document per file, split by a seeded permutation of the files; .jsonl/.parquet: one document per
+    row, split by a seeded hash of the text (so the split streams); or the documents of val_path."""
+    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
+    files, kind = _text_paths(cfg.path, "path")
+    if cfg.val_path:
+        val_files, val_kind = _text_paths(cfg.val_path, "val_path")
+        train_docs, column = _read_docs(_seeded_order(files, seed), kind, cfg.text_column)
+        val_docs, _ = _read_docs(val_files, val_kind, cfg.text_column)
+        split = "val_path"
+    elif kind == ".txt":
+        if len(files) < 2:
+            raise UserError("dataset.path: a single .txt file cannot be split by document; add files or set val_path")
+        order = np.random.default_rng(cfg.split_seed).permutation(len(files))
+        num_val = max(1, int(round(cfg.val_fraction * len(files))))
+        val_ids = set(order[:num_val].tolist())
+        train_files = [f for i, f in enumerate(files) if i not in val_ids]
+        val_files = [f for i, f in enumerate(files) if i in val_ids]
+        train_docs, column = _read_docs(_seeded_order(train_files, seed), kind, cfg.text_column)
+        val_docs, _ = _read_docs(val_files, kind, cfg.text_column)
+        split = f"hold-out {num_val} of {len(files)} files"
+    else:
+        shuffled, column = _read_docs(_seeded_order(files, seed), kind, cfg.text_column)
+        ordered, _ = _read_docs(files, kind, cfg.text_column)
+        side = {"column": column, "seed": cfg.split_seed, "fraction": cfg.val_fraction}
+        train_docs = shuffled.map_batches(_hash_side, fn_kwargs={**side, "keep_val": False}, batch_format="numpy")
+        val_docs = ordered.map_batches(_hash_side, fn_kwargs={**side, "keep_val": True}, batch_format="numpy")
+        split = f"hold-out {cfg.val_fraction} by document hash"
+    return text_task(
+        cfg, train_docs, val_docs, tokenizer=tokenizer, text_column=column,
+        params={"source": "text_files", "val_split": split},
+    )
