@@ -8,8 +8,9 @@ forward + backward). Prints one JSON object:
 - ``speedup_vs_materialised``: time of the materialised-softmax formulation of seed 000 section 2 (per head
   ``P = softmax(QK^T/sqrt(d))``, ``PV`` or ``V - PV``, concatenated, then W_o) over the fast path's, for the
   core op and the whole block; target >= 3x for the core op at N = 1024 on CPU.
-- ``peak_memory_mb``: peak memory of one forward + backward of each, and their ratio. On CPU it is the growth of
-  the peak resident set of a fresh process; on CUDA ``torch.cuda.max_memory_allocated``.
+- ``peak_memory_mb``: peak memory of one forward + backward of each (after a warm-up call), and their ratio. On CPU
+  it is the peak resident set above the resident set before the call, in a fresh process whose large allocations
+  are all mmapped (so freed memory leaves the resident set); on CUDA ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import json
 import math
 import multiprocessing as mp
-import resource
+import os
 import statistics
 import time
 
@@ -105,22 +106,36 @@ def interleaved_medians(cases: dict, device: str, repeats: int) -> dict[str, flo
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
+def _proc_status_mb(key: str) -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
 def _peak_child(args, queue):
     kind, impl, k, batch, n, device = args
-    torch.set_num_threads(torch.get_num_threads())
     fn = make_case(kind, impl, k, batch, n, device)
+    fn()  # warm-up: lazily created buffers and caches are not what we measure
     if device == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         fn()
         queue.put((torch.cuda.max_memory_allocated() - base) / 2**20)
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        base = _proc_status_mb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")  # resets VmHWM, the peak resident set, to the current resident set
         fn()
-        queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+        queue.put(_proc_status_mb("VmHWM") - base)
 
 
 def peak_memory_mb(kind, impl, k, batch, n, device) -> float:
+    # A fixed mmap threshold makes glibc return every large freed block to the OS, so the resident set follows
+    # the live tensors instead of the allocator's high-water mark.
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_peak_child, args=((kind, impl, k, batch, n, device), queue))
