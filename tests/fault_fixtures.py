@@ -1,0 +1,293 @@
+"""Harness for the fault tests: tiny study spaces, the real `lapstudy` command as a subprocess with Ray kept in a
+short temp folder, waits with deadlines, Ray's and MLflow's records read back, and clean-up of processes by the ids
+recorded when they were started (never by name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LAPSTUDY = Path(sys.executable).with_name("lapstudy")
+
+
+def tiny_space(**changes) -> dict:
+    """A study of a small ViT on digits (ships offline) that a 2-CPU machine trains in a few seconds per trial.
+    Trials are fixed by `points_to_evaluate` and the FIFO scheduler, so the fault tests know what each one does."""
+    space = {
+        "name": "fault",
+        "task": "classification",
+        "dataset": {"source": "digits"},
+        "metric": "val_acc",
+        "mode": "max",
+        "epochs": 4,
+        "seed": 0,
+        "num_samples": 2,
+        "sampler": {"kind": "tpe", "n_startup_trials": 1},
+        "scheduler": "none",
+        "geometry": {"max_batches": 1, "pca_points": 100},
+        "fixed": {"preset": "vit_tiny_digits", "depth": 2, "batch_size": 64, "warmup_epochs": 0},
+        "parameters": {
+            "lr": {"type": "log_float", "low": 1.0e-4, "high": 1.0e4},
+            "k": {"type": "int", "low": 0, "high": 4},
+        },
+        "points_to_evaluate": [{"lr": 1.0e-3, "k": 0}, {"lr": 2.0e-3, "k": 2}],
+    }
+    space.update(changes)
+    return space
+
+
+def write_space(path: Path, space: dict) -> Path:
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
+    return path
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over every path (relative), file mode and file content under `root`: equal digests mean the folder is
+    byte-for-byte unchanged."""
+    digest = hashlib.sha256()
+    root = Path(root)
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        stat = path.lstat()
+        digest.update(f"{relative}\0{stat.st_mode:o}\0".encode())
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.read_bytes())
+        digest.update(b"\1")
+    return digest.hexdigest()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.25):
+    """The predicate's first truthy value; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+# ---- the study driver as a subprocess -------------------------------------------------------------------------------
+
+
+def study_env(ray_tmp: Path, **extra: str) -> dict:
+    """Environment of a `lapstudy` subprocess: Ray's files under a short private folder (Unix socket paths are
+    limited), offline hubs, no telemetry, unbuffered output so the log shows progress as it happens."""
+    env = dict(os.environ)
+    env.update({
+        "RAY_TMPDIR": str(ray_tmp),
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(ray_tmp / "hf"),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONUNBUFFERED": "1",
+        "TQDM_DISABLE": "1",
+    })
+    env.update(extra)
+    return env
+
+
+class Lapstudy:
+    """`lapstudy ARGS` started in the background; output goes to a log file the assertions quote."""
+
+    def __init__(self, args: list[str], env: dict, log: Path, cwd: Path | None = None):
+        self.args, self.log_path = [str(a) for a in args], log
+        self._log = open(log, "ab")
+        self._log.write(f"\n$ lapstudy {' '.join(self.args)}\n".encode())
+        self._log.flush()
+        self.process = subprocess.Popen([str(LAPSTUDY), *self.args], env=env, cwd=cwd, stdout=self._log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.process.pid
+
+    def log(self, tail: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-tail:]
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"lapstudy {' '.join(self.args)} still running after {timeout:.0f} s; log:\n"
+                                 + self.log()) from None
+        finally:
+            self._log.flush()
+
+    def finished(self) -> bool:
+        return self.process.poll() is not None
+
+    def close(self):
+        if self.process.poll() is None:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.process.wait(30)
+        self._log.close()
+
+
+def run_lapstudy(args: list, env: dict, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LAPSTUDY), *[str(a) for a in args]], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants as psutil handles (pid + start time: safe to kill later even if the pid
+    were reused)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_recorded(processes: list[psutil.Process], timeout: float = 20.0) -> list[str]:
+    """SIGKILL every recorded process still alive; returns what had to be killed (name and pid)."""
+    alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    killed = []
+    for process in alive:
+        try:
+            killed.append(f"{process.name()}[{process.pid}]")
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+    return killed
+
+
+def processes_using(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions `marker` (a private temp folder): what a test left behind."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(process.info["cmdline"] or ()):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@contextmanager
+def private_ray_tmp(prefix: str = "lsf"):
+    """A short private RAY_TMPDIR; on exit, any process still using it is reported and killed (then the test that
+    leaked it fails)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        leaked = processes_using(str(folder))
+        kill_recorded(leaked)
+        if leaked:
+            raise AssertionError(f"processes left running under {folder}: {[p.pid for p in leaked]}")
+
+
+# ---- Ray's records (the study folder) and MLflow's -----------------------------------------------------------------
+
+
+def tune_results(study_dir: Path) -> dict[str, list[dict]]:
+    """Every result Tune recorded, per trial id, in order (the trials' `result.json` in the study folder)."""
+    results: dict[str, list[dict]] = {}
+    for path in sorted(Path(study_dir).glob("trial_driver_*/result.json")):
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line being written right now
+                break
+        if rows:
+            results.setdefault(rows[0]["trial_id"], []).extend(rows)
+    return results
+
+
+def reported_epochs(study_dir: Path) -> dict[str, int]:
+    """The last epoch each trial reported to Tune so far."""
+    return {trial: max(int(r.get("epoch", 0)) for r in rows) for trial, rows in tune_results(study_dir).items()}
+
+
+def mlflow_runs(tracking_uri: str, experiment: str) -> dict[str, list[dict]]:
+    """Every MLflow run of the experiment, grouped by its `lapstudy.trial_id` tag: run id, status, tags, params and
+    the full history (step, value) of every metric."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    runs: dict[str, list[dict]] = {}
+    for run in client.search_runs([found.experiment_id], max_results=1000):
+        history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+                   for key in run.data.metrics}
+        runs.setdefault(run.data.tags.get("lapstudy.trial_id"), []).append({
+            "run_id": run.info.run_id, "status": run.info.status, "tags": dict(run.data.tags),
+            "params": dict(run.data.params), "history": history,
+        })
+    return runs
+
+
+def epoch_steps(run: dict, key: str = "epoch") -> list[int]:
+    return [step for step, _ in run["history"].get(key, [])]
+
+
+@contextmanager
+def mlflow_server(store: Path, port: int, log: Path):
+    """A real `mlflow server` on 127.0.0.1 over a SQLite store; yields a handle with stop()/start() so a test can
+    take it away and bring it back on the same port and store."""
+    server = _MlflowServer(store, port, log)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class _MlflowServer:
+    def __init__(self, store: Path, port: int, log: Path):
+        self.store, self.port, self.log = Path(store), port, log
+        self.process = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90.0):
+        self.store.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                   f"sqlite:///{self.store / 'mlflow.db'}", "--artifacts-destination", str(self.store / "artifacts"),
+                   "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+        wait_for(self.healthy, timeout, f"mlflow server on port {self.port}", every=0.5)
+
+    def healthy(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(f"mlflow server exited ({self.process.returncode}): {self.log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self):
+        """SIGKILL the server's process group (the id recorded when it was started): an abrupt loss, as in a crash."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+        self.process = None
