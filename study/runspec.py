@@ -1,0 +1,172 @@
+"""What one training run is: the resolved hyperparameters of a trial plus task, data, epochs and seed.
+
+A `RunSpec` is what a study trial trains, what `lapstudy export` writes and what `lapstudy train` re-runs: the same
+object, so an exported file carries everything needed to reproduce the trial. Hyperparameters are flat and use the
+names of the search space: model keys (`models.MODEL_KEYS`, docs/config.md) go to `models.build_model`, training
+keys (`TrainConfig` below) to the training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+import models
+from models.stlt import stlt_config
+from study.data import DatasetConfig
+from study.errors import UserError, describe_validation_error
+
+Task = Literal["classification", "language_modeling"]
+FAMILY_OF_TASK = {"classification": "vit", "language_modeling": "gpt"}
+
+
+class TrainConfig(BaseModel):
+    """Training hyperparameters (the keys of a trial config that are not model keys)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="AdamW, or LAMB (pytorch_optimizer) as in DeiT III")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate for the global batch")
+    weight_decay: float = Field(0.05, ge=0, description="decoupled weight decay on matrices (not norms, biases, embeddings)")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    batch_size: int = Field(64, ge=1, description="global batch size (split evenly over the data-parallel workers)")
+    warmup_epochs: float = Field(0.0, ge=0, description="linear warm-up length in epochs (fractions allowed)")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine decay ends at this fraction of the peak lr")
+    grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm to this value (0: off)")
+    steps_per_epoch: int | None = Field(
+        None, ge=1, description="optimiser steps per epoch (required for streamed data of unknown length)"
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
+
+
+TRAIN_KEYS: frozenset[str] = frozenset(TrainConfig.model_fields)
+HYPERPARAMETER_KEYS: frozenset[str] = TRAIN_KEYS | models.MODEL_KEYS
+
+
+class GeometrySpec(BaseModel):
+    """When and how much token geometry (models.geometry) each run computes on the validation split."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    every: int = Field(0, ge=0, description="also compute geometry every N epochs (0: only after the last epoch)")
+    max_batches: int | None = Field(None, ge=1, description="validation batches used for geometry (None: all)")
+    top_targets: int = Field(32, ge=2, description="language models: tokens grouped by their K most frequent targets")
+    pca_points: int = Field(2000, ge=10, description="tokens in the seeded reservoir drawn in geometry/pca.png")
+
+    def due(self, epoch: int, epochs: int) -> bool:
+        return epoch == epochs or (self.every > 0 and epoch % self.every == 0)
+
+
+class Resources(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int = Field(1, ge=1, description="data-parallel Ray Train workers")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+
+    @property
+    def threads(self) -> int:
+        """Torch threads per worker: the CPUs it holds, at least one (recorded so re-runs use the same)."""
+        return max(1, int(self.cpus_per_worker))
+
+
+class RunSpec(BaseModel):
+    """One run: everything `lapstudy train` needs to repeat a trial."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: Task
+    dataset: DatasetConfig
+    epochs: int = Field(ge=1)
+    seed: int = 0
+    hyperparameters: dict[str, Any]
+    geometry: GeometrySpec = GeometrySpec()
+    resources: Resources = Resources()
+    provenance: dict[str, Any] = Field(default_factory=dict, description="where the run came from (study, trial...)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.dataset.task != self.task:
+            raise ValueError(f"dataset source {self.dataset.source!r} is a {self.dataset.task} source, not {self.task}")
+        check_hyperparameter_names(self.hyperparameters, "hyperparameters")
+        return self
+
+    @property
+    def train(self) -> TrainConfig:
+        return train_config(self.hyperparameters)
+
+    @property
+    def model_config_flat(self) -> dict:
+        return model_part(self.hyperparameters)
+
+
+def model_part(hyperparameters: dict) -> dict:
+    return {k: v for k, v in hyperparameters.items() if k in models.MODEL_KEYS}
+
+
+def train_config(hyperparameters: dict, where: str = "hyperparameters") -> TrainConfig:
+    values = {k: v for k, v in hyperparameters.items() if k in TRAIN_KEYS}
+    try:
+        return TrainConfig(**values)
+    except ValidationError as exc:
+        raise UserError(describe_validation_error(exc, values, prefix=f"{where}.")) from None
+
+
+def check_hyperparameter_names(names, where: str) -> None:
+    for name in names:
+        if name not in HYPERPARAMETER_KEYS:
+            raise UserError(
+                f"{where}.{name}: is not a hyperparameter; allowed: model keys "
+                f"{', '.join(sorted(models.MODEL_KEYS))} (docs/config.md) or training keys {', '.join(sorted(TRAIN_KEYS))}"
+            )
+
+
+def apply_data_overrides(hyperparameters: dict, overrides: dict, where: str = "hyperparameters") -> dict:
+    """The model keys the data fixes (num_classes, image_size, ...) win; a space that sets them differently is wrong."""
+    for key, value in overrides.items():
+        if key in hyperparameters and hyperparameters[key] != value:
+            raise UserError(
+                f"{where}.{key}: the dataset fixes it to {value!r}, got {hyperparameters[key]!r} "
+                "(change the dataset's options instead, or leave the key out)"
+            )
+    return {**hyperparameters, **overrides}
+
+
+def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparameters") -> dict:
+    """Validate a complete set of hyperparameters (model and training); returns the model config with its preset
+    expanded (what the model is built from). Raises UserError naming the field."""
+    train_config(hyperparameters, where)
+    flat = model_part(hyperparameters)
+    if "model" not in flat and "preset" not in flat:
+        flat = {"model": FAMILY_OF_TASK[task], **flat}
+    try:
+        resolved = models.resolve_config(flat)
+        models.build_config(flat)
+    except models.ConfigError as exc:
+        raise UserError(f"{where}.{exc.field}: {str(exc).removeprefix(exc.field + ': ')}") from None
+    if resolved["model"] != FAMILY_OF_TASK[task]:
+        raise UserError(
+            f"{where}.model: task {task} trains model {FAMILY_OF_TASK[task]!r}, got {resolved['model']!r}"
+        )
+    return resolved
+
+
+def complete_hyperparameters(hyperparameters: dict, data_overrides: dict, task: str, where: str = "hyperparameters") -> dict:
+    """Every hyperparameter a run uses, explicitly: the data's model keys applied, the model preset expanded and
+    the training defaults filled in. This is what MLflow records and `lapstudy export` writes."""
+    with_data = apply_data_overrides(hyperparameters, data_overrides, where)
+    model = check_run_config(with_data, task, where)
+    if "stlt" in models.build_config(model).mixer_kinds:  # STLT layers: their options with defaults too
+        model.update(stlt_config(model).model_dump())
+    training = train_config(with_data, where).model_dump()
+    return {**model, **training}
+
+
+def slow_lr_scale(model_config: dict) -> float:
+    """Learning-rate factor of the mixers' slow parameters (STLT sigma/omega: `stlt_lr_scale`)."""
+    if "stlt" in models.build_config(model_config).mixer_kinds:
+        return stlt_config(model_config).stlt_lr_scale
+    return 1.0

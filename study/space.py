@@ -1,0 +1,479 @@
+"""Search spaces: the YAML schema (pydantic), its checks, and how a trial's sampled values become a `RunSpec`.
+
+A space names the task and data, the metric(s) and mode(s), the sampler and scheduler, fixed hyperparameters,
+searched parameters (categorical, int, float, log-float) and conditional groups whose parameters exist only when an
+earlier parameter takes certain values (sampled define-by-run with Optuna). See docs/study.md for the format.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from study.data import DatasetConfig
+from study.errors import UserError, describe_validation_error
+from study.runspec import (
+    HYPERPARAMETER_KEYS,
+    GeometrySpec,
+    Resources,
+    RunSpec,
+    Task,
+    apply_data_overrides,
+    check_hyperparameter_names,
+    check_run_config,
+)
+from study.yamlio import load_yaml
+
+Scalar = Union[bool, int, float, str, None]
+
+# Metrics every epoch reports (what a sampler or scheduler may optimise), per task.
+EPOCH_METRICS = {
+    "classification": ("val_acc", "val_loss", "train_loss", "samples_per_s", "num_params"),
+    "language_modeling": ("val_bpb", "val_loss", "train_loss", "samples_per_s", "tokens_per_s", "num_params"),
+}
+MULTI_OBJECTIVE_SAMPLERS = ("tpe", "random", "nsga2", "grid")
+# Validation tries every combination of the parameters' extreme values up to this many, then one at a time.
+MAX_CORNER_COMBINATIONS = 4096
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Categorical(_Strict):
+    type: Literal["categorical"]
+    choices: list[Scalar] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, choices):
+        keyed = [(type(c).__name__, c) for c in choices]
+        if len(set(keyed)) != len(keyed):
+            raise ValueError(f"choices must be distinct, got {choices}")
+        return choices
+
+    def suggest(self, trial, name):
+        return trial.suggest_categorical(name, self.choices)
+
+    def contains(self, value) -> bool:
+        return any(type(value) is type(c) and value == c for c in self.choices)
+
+    def corners(self) -> list:
+        return list(self.choices)
+
+    def grid(self) -> list:
+        return list(self.choices)
+
+    def describe(self) -> str:
+        return f"one of {self.choices}"
+
+
+class IntRange(_Strict):
+    type: Literal["int"]
+    low: int
+    high: int
+    step: int = Field(1, ge=1)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+        if self.log and (self.low < 1 or self.step != 1):
+            raise ValueError("log: true needs low >= 1 and step 1")
+        if (self.high - self.low) % self.step:
+            raise ValueError(f"high - low ({self.high - self.low}) must be a multiple of step ({self.step})")
+        return self
+
+    def suggest(self, trial, name):
+        return trial.suggest_int(name, self.low, self.high, step=self.step, log=self.log)
+
+    def contains(self, value) -> bool:
+        return (
+            isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
+            and (value - self.low) % self.step == 0
+        )
+
+    def corners(self) -> list:
+        return sorted({self.low, self.high})
+
+    def grid(self) -> list:
+        return list(range(self.low, self.high + 1, self.step))
+
+    def describe(self) -> str:
+        return f"an integer in {self.low}..{self.high}" + (f" in steps of {self.step}" if self.step > 1 else "")
+
+
+class FloatRange(_Strict):
+    type: Literal["float", "log_float"]
+    low: float
+    high: float
+    step: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high}), both finite")
+        if self.type == "log_float":
+            if self.low <= 0:
+                raise ValueError(f"log_float needs low > 0, got {self.low}")
+            if self.step is not None:
+                raise ValueError("log_float takes no step")
+        return self
+
+    def suggest(self, trial, name):
+        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.type == "log_float")
+
+    def contains(self, value) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and self.low <= value <= self.high
+
+    def corners(self) -> list:
+        return sorted({self.low, self.high})
+
+    def grid(self) -> list:
+        raise UserError("sampler grid: float parameters have no grid; make them categorical")
+
+    def describe(self) -> str:
+        return f"a number in [{self.low}, {self.high}]" + (" (log scale)" if self.type == "log_float" else "")
+
+
+Parameter = Annotated[Union[Categorical, IntRange, FloatRange], Field(discriminator="type")]
+
+
+def _shorthand_parameters(value):
+    """``k: [0, 3, 6]`` is short for ``k: {type: categorical, choices: [0, 3, 6]}``."""
+    if isinstance(value, dict):
+        return {k: {"type": "categorical", "choices": v} if isinstance(v, list) else v for k, v in value.items()}
+    return value
+
+
+class ConditionalGroup(_Strict):
+    """Parameters (and fixed values) that exist only when earlier parameters take the listed values."""
+
+    when: dict[str, Scalar | list[Scalar]] = Field(min_length=1)
+    parameters: dict[str, Parameter] = Field(default_factory=dict)
+    fixed: dict[str, Any] = Field(default_factory=dict)
+
+    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
+
+    def active(self, values: dict) -> bool:
+        for name, allowed in self.when.items():
+            options = allowed if isinstance(allowed, list) else [allowed]
+            if name not in values or not any(type(values[name]) is type(o) and values[name] == o for o in options):
+                return False
+        return True
+
+
+class Sampler(_Strict):
+    kind: Literal["tpe", "random", "grid", "cmaes", "nsga2"] = "tpe"
+    seed: int | None = Field(None, description="sampler seed (default: the study seed)")
+    n_startup_trials: int | None = Field(None, ge=0, description="tpe/cmaes: random trials before modelling starts")
+    population_size: int | None = Field(None, ge=2, description="nsga2: population size")
+
+
+class Scheduler(_Strict):
+    kind: Literal["asha", "none"] = "asha"
+    grace_period: int = Field(1, ge=1, description="asha: epochs every trial runs before it can be stopped")
+    reduction_factor: float = Field(2.0, gt=1, description="asha: keep the top 1/reduction_factor at each rung")
+
+
+def _kind_shorthand(value):
+    return {"kind": value} if isinstance(value, str) else value
+
+
+class SearchSpace(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study name (default folder and experiment)")
+    description: str = ""
+    task: Task
+    dataset: DatasetConfig
+    metric: str | list[str]
+    mode: Literal["min", "max"] | list[Literal["min", "max"]]
+    epochs: int = Field(ge=1)
+    seed: int = 0
+    num_samples: int | None = Field(None, ge=1, description="trials to run (default: the grid size for grid, else 10)")
+    sampler: Sampler = Sampler()
+    scheduler: Scheduler = Scheduler()
+    geometry: GeometrySpec = GeometrySpec()
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Parameter] = Field(default_factory=dict)
+    conditional: list[ConditionalGroup] = Field(default_factory=list)
+    points_to_evaluate: list[dict[str, Scalar]] = Field(default_factory=list)
+
+    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
+    _sampler = field_validator("sampler", "scheduler", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
+
+    @model_validator(mode="after")
+    def _check(self):
+        self._check_objectives()
+        self._check_names()
+        self._check_conditions()
+        self._check_sampler()
+        for i, point in enumerate(self.points_to_evaluate):
+            self._check_point(point, f"points_to_evaluate[{i}]")
+        return self
+
+    # ---- objectives ---------------------------------------------------------------------------------------------
+
+    @property
+    def metrics(self) -> list[str]:
+        return self.metric if isinstance(self.metric, list) else [self.metric]
+
+    @property
+    def modes(self) -> list[str]:
+        return self.mode if isinstance(self.mode, list) else [self.mode]
+
+    @property
+    def multi_objective(self) -> bool:
+        return isinstance(self.metric, list) and len(self.metric) > 1
+
+    def _check_objectives(self):
+        allowed = EPOCH_METRICS[self.task]
+        if not self.metrics:
+            raise ValueError(f"metric: give at least one of {', '.join(allowed)}")
+        for name in self.metrics:
+            if name not in allowed:
+                raise ValueError(f"metric: {name!r} is not reported every epoch for {self.task}; allowed: {', '.join(allowed)}")
+        if len(set(self.metrics)) != len(self.metrics):
+            raise ValueError(f"metric: each metric once, got {self.metrics}")
+        if isinstance(self.metric, list) != isinstance(self.mode, list) or len(self.metrics) != len(self.modes):
+            raise ValueError(f"mode: one mode (min or max) per metric, got metric {self.metric} and mode {self.mode}")
+        if self.multi_objective and self.scheduler.kind != "none":
+            raise ValueError("scheduler: asha stops trials on one metric; with several metrics use scheduler: none")
+        if self.dataset.task != self.task:
+            raise ValueError(f"dataset: source {self.dataset.source!r} is a {self.dataset.task} source, not {self.task}")
+        if self.scheduler.kind == "asha" and self.scheduler.grace_period > self.epochs:
+            raise ValueError(f"scheduler.grace_period: must be <= epochs ({self.epochs}), got {self.scheduler.grace_period}")
+
+    # ---- names and conditions -----------------------------------------------------------------------------------
+
+    def _where(self) -> dict[str, str]:
+        """Every hyperparameter name -> where the space defines it (for messages); names are defined once."""
+        where: dict[str, str] = {}
+
+        def define(name, location):
+            if name in where:
+                raise ValueError(f"{location}: {name!r} is already defined at {where[name]}; define each name once")
+            where[name] = location
+
+        for name in self.fixed:
+            define(name, f"fixed.{name}")
+        for name in self.parameters:
+            define(name, f"parameters.{name}")
+        for i, group in enumerate(self.conditional):
+            for name in group.fixed:
+                define(name, f"conditional[{i}].fixed.{name}")
+            for name in group.parameters:
+                define(name, f"conditional[{i}].parameters.{name}")
+        return where
+
+    def _check_names(self):
+        for name, location in self._where().items():
+            if name not in HYPERPARAMETER_KEYS:
+                try:
+                    check_hyperparameter_names([name], location.rsplit(".", 1)[0])
+                except UserError as exc:
+                    raise ValueError(str(exc)) from None
+
+    def _check_conditions(self):
+        known: dict[str, list] = {name: [value] for name, value in self.fixed.items()}
+        known.update({name: p.corners() if isinstance(p, Categorical) else None for name, p in self.parameters.items()})
+        for i, group in enumerate(self.conditional):
+            for name, allowed in group.when.items():
+                if name not in known:
+                    raise ValueError(
+                        f"conditional[{i}].when.{name}: not a parameter or fixed value defined before this group; "
+                        f"allowed: {', '.join(known) or 'none'}"
+                    )
+                if known[name] is None:
+                    raise ValueError(f"conditional[{i}].when.{name}: conditions need a categorical parameter or fixed value")
+                for option in allowed if isinstance(allowed, list) else [allowed]:
+                    if not any(type(option) is type(v) and option == v for v in known[name]):
+                        raise ValueError(f"conditional[{i}].when.{name}: {option!r} is not one of {known[name]}")
+            known.update({name: [value] for name, value in group.fixed.items()})
+            known.update({name: p.corners() if isinstance(p, Categorical) else None for name, p in group.parameters.items()})
+
+    def _check_sampler(self):
+        kind = self.sampler.kind
+        if self.multi_objective and kind not in MULTI_OBJECTIVE_SAMPLERS:
+            raise ValueError(
+                f"sampler: {kind} optimises one metric; with several metrics use one of {', '.join(MULTI_OBJECTIVE_SAMPLERS)}"
+            )
+        if kind == "grid":
+            if self.conditional:
+                raise ValueError("sampler: grid needs a space without conditional groups (list the combinations instead)")
+            for name, p in self.parameters.items():
+                if isinstance(p, FloatRange):
+                    raise ValueError(f"parameters.{name}: sampler grid needs categorical or int parameters")
+        if not self.parameters and not self.conditional:
+            raise ValueError("parameters: a search space needs at least one parameter")
+
+    def _check_point(self, point: dict, where: str):
+        values = dict(self.fixed)
+        active = dict(self.parameters)
+        for group in self.conditional:
+            if group.active({**values, **point}):
+                values.update(group.fixed)
+                active.update(group.parameters)
+        for name, value in point.items():
+            if name not in active:
+                raise ValueError(
+                    f"{where}.{name}: not a parameter that is sampled for this point; sampled: {', '.join(active) or 'none'}"
+                )
+            if not active[name].contains(value):
+                raise ValueError(f"{where}.{name}: {value!r} is outside the space; must be {active[name].describe()}")
+
+    # ---- use ----------------------------------------------------------------------------------------------------
+
+    def grid(self) -> dict[str, list]:
+        return {name: p.grid() for name, p in self.parameters.items()}
+
+    def default_num_samples(self) -> int:
+        if self.num_samples is not None:
+            return self.num_samples
+        if self.sampler.kind == "grid":
+            return math.prod(len(v) for v in self.grid().values())
+        return 10
+
+    def resolve(self, sampled: dict) -> dict:
+        """Fixed values plus a trial's sampled values, conditional groups applied: the trial's hyperparameters."""
+        values = {**self.fixed, **{k: v for k, v in sampled.items() if k in self.parameters}}
+        for group in self.conditional:
+            if group.active(values):
+                values.update(group.fixed)
+                values.update({k: v for k, v in sampled.items() if k in group.parameters})
+        missing = [name for name in self._active_parameters(values) if name not in values]
+        if missing:
+            raise UserError(f"trial config: no value for {', '.join(missing)}")
+        return values
+
+    def _active_parameters(self, values: dict) -> list[str]:
+        names = list(self.parameters)
+        for group in self.conditional:
+            if group.active(values):
+                names += list(group.parameters)
+        return names
+
+    def run_spec(self, hyperparameters: dict, resources: Resources, seed: int | None = None, provenance=None) -> RunSpec:
+        return RunSpec(
+            task=self.task,
+            dataset=self.dataset,
+            epochs=self.epochs,
+            seed=self.seed if seed is None else seed,
+            hyperparameters=hyperparameters,
+            geometry=self.geometry,
+            resources=resources,
+            provenance=provenance or {},
+        )
+
+    def check_configs(self, data_overrides: dict | None = None, check=None) -> int:
+        """Build the model and training configs of the extreme points of the space (every combination of the
+        parameters' bounds and choices, conditional groups applied) and of the warm-start points; the first that
+        `models` or the training schema rejects is a UserError naming the parameter. `check(hyperparameters)` may
+        add checks of its own (batch size against the data, say). Returns how many were checked."""
+        checked = 0
+        for sampled, blame in self._corner_configs():
+            hyperparameters = self.resolve(sampled)
+            try:
+                if data_overrides:
+                    hyperparameters = apply_data_overrides(hyperparameters, data_overrides)
+                check_run_config(hyperparameters, self.task)
+                if check is not None:
+                    check(hyperparameters)
+            except UserError as exc:
+                raise UserError(self._blame(str(exc), sampled, blame, data_overrides or {})) from None
+            checked += 1
+        return checked
+
+    def _blame(self, message: str, sampled: dict, blame: str, data_overrides: dict) -> str:
+        """Point the message at where the space defines the faulty key, with the values that make it fail."""
+        field, _, detail = message.partition(":")
+        field = field.removeprefix("hyperparameters.")
+        where = self._where()
+        if field in where:
+            location = where[field] + (f" = {sampled[field]!r}" if field in sampled else "")
+        else:  # a key the space does not set: it came from a preset or from the data
+            location = f"{blame}: {field}"
+        context = [f"{k}={v!r}" for k, v in sampled.items() if k != field]
+        if field not in where and data_overrides:
+            context += [f"{k}={v!r} (from the dataset)" for k, v in data_overrides.items()]
+        searched = field in sampled or field not in where
+        suffix = f" (with {', '.join(context)})" if context and searched else ""
+        return f"{location}: {detail.strip()}{suffix}"
+
+    def _corner_configs(self):
+        """(sampled values, location to blame) for the points a space must be able to build."""
+        for i, point in enumerate(self.points_to_evaluate):
+            sampled = dict(point)
+            for name, value in self._first_values(sampled).items():
+                sampled.setdefault(name, value)
+            yield sampled, f"points_to_evaluate[{i}]"
+        combos = self._all_corners()
+        if combos is None:  # too many: vary one parameter at a time around the first corner
+            base = self._first_values({})
+            for name, p in self._every_parameter():
+                for value in p.corners():
+                    sampled = self._first_values({**base, name: value})
+                    yield {**sampled, name: value}, "parameters"
+        else:
+            for sampled in combos:
+                yield sampled, "parameters"
+
+    def _every_parameter(self):
+        yield from self.parameters.items()
+        for group in self.conditional:
+            yield from group.parameters.items()
+
+    def _first_values(self, given: dict) -> dict:
+        values = {**self.fixed}
+        sampled = {}
+        for name, p in self.parameters.items():
+            sampled[name] = given.get(name, p.corners()[0])
+        values.update(sampled)
+        for group in self.conditional:
+            if group.active(values):
+                values.update(group.fixed)
+                for name, p in group.parameters.items():
+                    sampled[name] = given.get(name, p.corners()[0])
+                values.update(sampled)
+        return sampled
+
+    def _all_corners(self) -> list[dict] | None:
+        results: list[dict] = []
+
+        def expand(partial: dict, values: dict, groups: list[ConditionalGroup]) -> bool:
+            if not groups:
+                results.append(partial)
+                return len(results) <= MAX_CORNER_COMBINATIONS
+            group, rest = groups[0], groups[1:]
+            if not group.active(values):
+                return expand(partial, values, rest)
+            names = list(group.parameters)
+            for combo in itertools.product(*(group.parameters[n].corners() for n in names)):
+                chosen = dict(zip(names, combo))
+                if not expand({**partial, **chosen}, {**values, **group.fixed, **chosen}, rest):
+                    return False
+            return True
+
+        names = list(self.parameters)
+        for combo in itertools.product(*(self.parameters[n].corners() for n in names)):
+            top = dict(zip(names, combo))
+            if not expand(top, {**self.fixed, **top}, list(self.conditional)):
+                return None
+        return results
+
+
+def parse_space(data: Any, where: str = "search space") -> SearchSpace:
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: must be a mapping of fields (name, task, dataset, metric, ...), got {type(data).__name__}")
+    try:
+        return SearchSpace.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(describe_validation_error(exc, data, prefix=f"{where}: ")) from None
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    return parse_space(load_yaml(path, "search space"), f"search space {path}")

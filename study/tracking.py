@@ -1,0 +1,226 @@
+"""MLflow tracking: one experiment per study, exactly one run per trial, and logging that never stops training.
+
+Who logs what:
+- the study driver creates (or finds) the experiment, with an explicit artifact location for local stores, and
+  checks that the tracking server answers before any trial starts;
+- the rank-0 Train worker of a trial finds its run by the tag `lapstudy.trial_id` (or creates it, named after the
+  trial), then logs params, `config.yaml`, per-epoch metrics with step = epoch, geometry and plots. Finding the run
+  by tag is what keeps one run per trial when a trial restarts (worker or node failure, Tune retry, `--resume`);
+  epochs already in the run's history are not logged again, and epochs recorded in the checkpoint but missing from
+  MLflow are logged on restart;
+- a Tune callback on the study driver closes each run with its final status (completed, early_stopped, failed),
+  because a trial stopped by ASHA is killed before its own code could do it.
+
+If the tracking server goes away mid-study, logging calls fail fast (few retries, short time-outs), the pending
+metrics are kept and sent with the next epoch, and training goes on: Ray's own records (the trial results in the
+study folder) still hold every reported metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+# Fail fast instead of MLflow's default of 7 retries with exponential back-off (minutes per call on a dead server).
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from study.errors import UserError  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+TAG_TRIAL = "lapstudy.trial_id"
+TAG_STUDY = "lapstudy.study"
+TAG_STATUS = "lapstudy.status"
+TAG_ERROR = "lapstudy.error"
+TAG_CHECKPOINT = "lapstudy.checkpoint"
+STATUS_RUNNING, STATUS_COMPLETED, STATUS_EARLY_STOPPED, STATUS_FAILED = "running", "completed", "early_stopped", "failed"
+MLFLOW_STATUS = {STATUS_COMPLETED: "FINISHED", STATUS_EARLY_STOPPED: "KILLED", STATUS_FAILED: "FAILED"}
+# MLflow caps a param value at 6000 characters and a batch at 100 params / 1000 metrics.
+MAX_PARAM_CHARS, PARAMS_PER_BATCH, METRICS_PER_BATCH = 6000, 100, 1000
+
+
+def local_store(study_dir: Path) -> tuple[str, str]:
+    """(tracking URI, artifact location) of the embedded default: SQLite store and artifacts in the study folder."""
+    study_dir = Path(study_dir).resolve()
+    return f"sqlite:///{study_dir / 'mlflow.db'}", (study_dir / "mlartifacts").as_uri()
+
+
+def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None, *, must_be_new: bool) -> str:
+    """The experiment's id, created if needed. Raises UserError if the store cannot be reached or, for a new study,
+    if an experiment of that name already holds runs of another study."""
+    client = MlflowClient(tracking_uri)
+    try:
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            return client.create_experiment(name, artifact_location=artifact_location)
+    except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
+        raise UserError(f"--tracking-uri {tracking_uri}: cannot use the MLflow store ({_short(exc)})") from None
+    if experiment.lifecycle_stage == "deleted":
+        raise UserError(f"--name {name}: an MLflow experiment of that name is deleted but still in the store; pick another --name")
+    if must_be_new and client.search_runs([experiment.experiment_id], max_results=1):
+        raise UserError(
+            f"--name {name}: the MLflow store {tracking_uri} already has an experiment {name!r} with runs; "
+            "pick another --name (or --resume the study that owns it)"
+        )
+    return experiment.experiment_id
+
+
+def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{TAG_TRIAL}` = '{trial_id}'", max_results=2, order_by=["attributes.start_time ASC"]
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, trial_id: str | None, status: str,
+              error: str | None = None, checkpoint: str | None = None) -> None:
+    """Set the final lapstudy status (and error) of a run and end it. Never raises: a lost tracking server must not
+    take the study down."""
+    try:
+        client = MlflowClient(tracking_uri)
+        if run_id is None and trial_id is not None:
+            run_id = find_trial_run(client, experiment_id, trial_id)
+        if run_id is None:
+            return
+        tags = [RunTag(TAG_STATUS, status)]
+        if error:
+            tags.append(RunTag(TAG_ERROR, error[:5000]))
+        if checkpoint:
+            tags.append(RunTag(TAG_CHECKPOINT, checkpoint))
+        client.log_batch(run_id, tags=tags)
+        client.set_terminated(run_id, MLFLOW_STATUS[status])
+    except Exception as exc:  # noqa: BLE001
+        log.warning("MLflow: could not close run %s (%s): %s", run_id, status, _short(exc))
+
+
+def flat_params(hyperparameters: dict, extra: dict) -> dict[str, str]:
+    params = {}
+    for key, value in {**hyperparameters, **extra}.items():
+        if isinstance(value, dict):
+            for sub, sub_value in value.items():
+                params[f"{key}.{sub}"] = str(sub_value)
+        else:
+            params[key] = str(value)
+    return {k: v[:MAX_PARAM_CHARS] for k, v in params.items()}
+
+
+class RunLogger:
+    """The rank-0 worker's handle on its MLflow run. Every call is best-effort: failures are logged once, metrics
+    are kept and retried with the next epoch, training never waits on the tracking server for long."""
+
+    def __init__(self, tracking_uri: str | None, experiment_id: str | None, *, trial_id: str | None, run_name: str,
+                 study: str | None, params: dict[str, str], config_yaml: str, run_id: str | None = None):
+        self.tracking_uri, self.experiment_id = tracking_uri, experiment_id
+        self.trial_id, self.run_name, self.study = trial_id, run_name, study
+        self.params, self.config_yaml = params, config_yaml
+        self.run_id = run_id
+        self._logged_steps: set[int] = set()
+        self._pending: list[Metric] = []
+        self._warned = False
+        self._ready = False
+        self._client = MlflowClient(tracking_uri) if tracking_uri else None
+        self._connect()
+
+    @property
+    def enabled(self) -> bool:
+        return self._client is not None
+
+    def _connect(self) -> bool:
+        """Find the trial's run (by tag) or create it; on a new run log params, tags and config.yaml."""
+        if not self.enabled:
+            return False
+        if self._ready:
+            return True
+        try:
+            client = self._client
+            if self.run_id is None and self.trial_id is not None:
+                self.run_id = find_trial_run(client, self.experiment_id, self.trial_id)
+            created = self.run_id is None
+            if created:
+                tags = {TAG_STATUS: STATUS_RUNNING}
+                if self.trial_id is not None:
+                    tags[TAG_TRIAL] = self.trial_id
+                if self.study is not None:
+                    tags[TAG_STUDY] = self.study
+                run = client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
+                self.run_id = run.info.run_id
+                items = list(self.params.items())
+                for start in range(0, len(items), PARAMS_PER_BATCH):
+                    client.log_batch(self.run_id, params=[Param(k, v) for k, v in items[start:start + PARAMS_PER_BATCH]])
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "config.yaml"
+                    path.write_text(self.config_yaml)
+                    client.log_artifact(self.run_id, str(path))
+            else:
+                run = client.get_run(self.run_id)
+                if run.info.status != "RUNNING":  # a restarted trial: its run is live again
+                    client.update_run(self.run_id, status="RUNNING")
+                    client.set_tag(self.run_id, TAG_STATUS, STATUS_RUNNING)
+                self._logged_steps = {m.step for m in client.get_metric_history(self.run_id, "epoch")}
+            self._ready = True
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self._warn("connect", exc)
+            return False
+
+    def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        """Metrics of one epoch with step = epoch; an epoch already in the run is skipped (restarted trials)."""
+        if not self.enabled or epoch in self._logged_steps:
+            return
+        now = int(time.time() * 1000)
+        self._pending.append(Metric("epoch", float(epoch), now, epoch))
+        for key, value in metrics.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self._pending.append(Metric(key, float(value), now, epoch))
+        self._logged_steps.add(epoch)
+        self.flush()
+
+    def flush(self) -> bool:
+        if not self._pending or not self._connect():
+            return not self._pending
+        try:
+            # The "epoch" marker goes last in each batch so that a run's epoch history lists only complete epochs.
+            ordered = sorted(self._pending, key=lambda m: (m.step, m.key == "epoch"))
+            for start in range(0, len(ordered), METRICS_PER_BATCH):
+                self._client.log_batch(self.run_id, metrics=ordered[start:start + METRICS_PER_BATCH])
+            self._pending.clear()
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self._warn("log metrics", exc)
+            return False
+
+    def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
+        if not self.enabled or not self._connect():
+            return
+        try:
+            self._client.log_artifacts(self.run_id, local_dir, artifact_path)
+        except Exception as exc:  # noqa: BLE001
+            self._warn("log artifacts", exc)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if not self.enabled or not self._connect():
+            return
+        try:
+            self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        except Exception as exc:  # noqa: BLE001
+            self._warn("set tags", exc)
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        if not self._warned:
+            log.warning("MLflow %s failed (training goes on; Ray keeps the results): %s", what, _short(exc))
+            self._warned = True
+
+
+def _short(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"

@@ -1,0 +1,64 @@
+"""One run as a Ray Train `TorchTrainer`: what a study trial fits inside its Tune trial, and `lapstudy train` alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray.train
+from ray.train.torch import TorchTrainer
+
+from study.errors import UserError
+from study.loop import LoopPlan, TrackingTarget, train_loop_per_worker
+from study.runspec import RunSpec
+
+# Train keeps the newest checkpoints only: enough to resume, bounded on disk for large models.
+CHECKPOINTS_KEPT = 2
+
+
+def plan_run(spec: RunSpec, num_train: int | None) -> LoopPlan:
+    """Per-worker batch and steps per epoch (which fix the learning-rate schedule); UserError if they cannot work."""
+    workers, batch_size = spec.resources.workers, spec.train.batch_size
+    if batch_size % workers:
+        raise UserError(f"hyperparameters.batch_size: {batch_size} must be a multiple of the workers per trial ({workers})")
+    per_worker = batch_size // workers
+    # Ray splits the training rows equally over the workers and each drops its last partial batch.
+    available = None if num_train is None else (num_train // workers) // per_worker
+    if spec.train.steps_per_epoch is not None:
+        steps = spec.train.steps_per_epoch if available is None else min(spec.train.steps_per_epoch, available)
+    elif available is None:
+        raise UserError("hyperparameters.steps_per_epoch: the dataset's length is unknown (streamed); set steps_per_epoch")
+    else:
+        steps = available
+    if steps < 1:
+        raise UserError(
+            f"hyperparameters.batch_size: {batch_size} is larger than the training split ({num_train} rows over "
+            f"{workers} worker(s)); use at most {num_train // workers * workers}"
+        )
+    return LoopPlan(steps_per_epoch=steps, batch_per_worker=per_worker)
+
+
+def build_trainer(spec: RunSpec, task_data, *, name: str, storage_path: Path, tracking: TrackingTarget | None,
+                  callbacks: list, max_failures: int) -> TorchTrainer:
+    """The trainer of one run. `name` + `storage_path` identify it: a trainer built again with the same ones (a
+    restarted trial) resumes from the run's latest checkpoint."""
+    plan = plan_run(spec, task_data.num_train)
+    resources = spec.resources
+    per_worker = {"CPU": resources.cpus_per_worker}
+    if resources.gpus_per_worker:
+        per_worker["GPU"] = resources.gpus_per_worker
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"spec": spec, "task_data": task_data, "plan": plan, "tracking": tracking},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0, resources_per_worker=per_worker
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=str(storage_path),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+            callbacks=callbacks,
+        ),
+        datasets=task_data.datasets,
+        dataset_config=task_data.data_config(),
+    )
