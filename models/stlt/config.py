@@ -30,7 +30,7 @@ class STLTConfig(BaseModel):
     stlt_lambda_omega: float = Field(0.01, ge=0, **_allowed("a number >= 0"))
     stlt_lambda_sigma: float = Field(0.1, ge=0, **_allowed("a number >= 0"))
     stlt_lambda_mask: float = Field(0.05, ge=0, **_allowed("a number >= 0"))
-    stlt_reg_start_step: int = Field(0, ge=0, **_allowed("an integer >= 0"))
+    stlt_reg_start_step: int = Field(8000, ge=0, **_allowed("an integer >= 0"))
     stlt_tau_start: float = Field(1.0, gt=0, **_allowed("a number > 0"))
     stlt_tau_end: float = Field(0.2, gt=0, **_allowed("a number > 0"))
     stlt_tau_hold: float = Field(0.1, ge=0, le=1, **_allowed("a number in [0, 1] (fraction of training)"))

@@ -51,7 +51,7 @@ class STLTMixer(nn.Module):
         lambda_omega: float = 0.01,
         lambda_sigma: float = 0.1,
         lambda_mask: float = 0.05,
-        reg_start_step: int = 0,
+        reg_start_step: int = 8000,
         tau_start: float = 1.0,
         tau_end: float = 0.2,
         tau_hold: float = 0.1,
