@@ -13,6 +13,7 @@ from study.space import SearchSpace
 
 # Optuna flags multivariate/grouped TPE as experimental; it is what conditional spaces need.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
 DEFAULT_STARTUP_TRIALS = 10
 
 

@@ -329,9 +329,6 @@ def connect_ray(address: str | None, storage: Path) -> None:
     # Ray's, Optuna's and MLflow's own log lines would bury the progress lines; errors still come through.
     import logging
 
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     for logger in ("ray", "ray.train", "ray.data"):
         logging.getLogger(logger).setLevel(logging.ERROR)
