@@ -27,7 +27,7 @@ def hub_endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
 
 
-def _offline_flag() -> bool:
+def offline_flag() -> bool:
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
@@ -36,11 +36,16 @@ def _connect(host: str, port: int) -> None:
 
 
 def hub_reachable() -> tuple[bool, str]:
-    """(reachable, why not) within PROBE_TIMEOUT_S, the DNS lookup included (run in a thread: it has no timeout)."""
-    if _offline_flag():
+    """(reachable, why not) within PROBE_TIMEOUT_S."""
+    if offline_flag():
         return False, "HF_HUB_OFFLINE is set"
     url = urlparse(hub_endpoint())
     host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    return probe(host, port)
+
+
+def probe(host: str, port: int = 443) -> tuple[bool, str]:
+    """(reachable, why not) within PROBE_TIMEOUT_S, the DNS lookup included (run in a thread: it has no timeout)."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
         pool.submit(_connect, host, port).result(timeout=PROBE_TIMEOUT_S + 0.5)
@@ -48,7 +53,7 @@ def hub_reachable() -> tuple[bool, str]:
     except concurrent.futures.TimeoutError:
         return False, f"{host} did not answer within {PROBE_TIMEOUT_S:.0f} s"
     except OSError as error:
-        return False, f"{host} is unreachable ({error.strerror or type(error).__name__})"
+        return False, f"{host}: {error.strerror or type(error).__name__}"
     finally:
         pool.shutdown(wait=False)
 
@@ -113,20 +118,27 @@ def resolve_parquet_files(hub_id: str, *, config_name: str | None, revision: str
             token=None if local else hf_token(),
         )
     except (FileNotFoundError, ValueError) as error:
-        where = local or hub_id
-        raise UserError(f"dataset: cannot open {where!r} (config {config_name!r}): {str(error).splitlines()[0]}") from None
+        # a partial local copy (say only sample/10BT of FineWeb-Edu) makes `datasets` fail on the other configs
+        builder = _config_of_partial_copy(local, config_name) if local else None
+        if builder is None:
+            where = local or hub_id
+            raise UserError(
+                f"dataset: cannot open {where!r} (config {config_name!r}): {str(error).splitlines()[0]}"
+            ) from None
     except Exception as error:  # gated/unauthorised datasets surface as hub HTTP errors
         if "gated" in str(error).lower() or "401" in str(error) or "403" in str(error):
             raise UserError(
                 f"dataset: {hub_id} is gated: accept its terms on the hub and export HF_TOKEN with a token that has access"
             ) from None
         raise
-    data_files = builder.config.data_files or {}
+    data_files = builder.config.data_files if not isinstance(builder, dict) else builder
+    data_files = data_files or {}
     splits = {str(split): sorted(str(f) for f in files) for split, files in data_files.items()}
     splits = {split: files for split, files in splits.items() if files}
     if not splits or not all(f.endswith(".parquet") for files in splits.values() for f in files):
         raise UserError(f"dataset: {local or hub_id} has no parquet files to stream (found {sum(map(len, splits.values()))} files)")
-    features = builder.info.features.to_dict() if builder.info.features is not None else None
+    info = getattr(builder, "info", None)
+    features = info.features.to_dict() if info is not None and info.features is not None else None
     filesystem = None
     if any(f.startswith("hf://") for files in splits.values() for f in files):
         import pyarrow.fs
@@ -135,3 +147,31 @@ def resolve_parquet_files(hub_id: str, *, config_name: str | None, revision: str
         filesystem = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(HfFileSystem(token=hf_token())))
         splits = {split: [f.removeprefix("hf://") for f in files] for split, files in splits.items()}
     return HubFiles(splits=splits, filesystem=filesystem, features=features, local=local is not None)
+
+
+def _config_of_partial_copy(local: str, config_name: str | None) -> dict | None:
+    """The data files of one config of a local copy, from the `configs:` of its README (the dataset card), resolved
+    with `datasets`' own pattern matching; None when the card does not declare the config."""
+    import yaml
+    from datasets.data_files import DataFilesDict
+
+    card = os.path.join(local, "README.md")
+    if not os.path.isfile(card):
+        return None
+    text = open(card, encoding="utf-8").read()
+    if not text.startswith("---"):
+        return None
+    meta = yaml.safe_load(text.split("---", 2)[1]) or {}
+    configs = meta.get("configs") or []
+    chosen = next((c for c in configs if c.get("config_name") == config_name), None) if config_name else (
+        next((c for c in configs if c.get("default")), configs[0] if configs else None))
+    if not chosen:
+        return None
+    patterns = {}
+    for entry in chosen.get("data_files") or []:
+        paths = entry["path"] if isinstance(entry["path"], list) else [entry["path"]]
+        patterns[entry["split"]] = paths
+    try:
+        return dict(DataFilesDict.from_patterns(patterns, base_path=local))
+    except FileNotFoundError:
+        return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ray
 from pydantic import TypeAdapter, ValidationError
 
@@ -26,11 +28,10 @@ def parse_dataset_config(value) -> DatasetConfig:
         raise UserError(f"{where}: {first['msg']}") from None
 
 
-def load_task_data(task: str, config: DatasetConfig, *, seed: int) -> TaskData:
-    """Build the trial's Ray datasets lazily (nothing is read yet, except the two small offline sets).
-
-    Also sets the driver's Ray Data execution order to deterministic (`preserve_order`), which Ray Train carries
-    to the dataset shards of the trainer built afterwards on this driver."""
+def preflight(task: str, config: DatasetConfig) -> DatasetConfig:
+    """The checks that need neither Ray nor data: the task fits the source, local paths exist, a hub source has a
+    local copy or a reachable hub (a few seconds at most), a gpt2 tokenizer can be found. Call it before starting
+    Ray so that a wrong or offline dataset fails at once; `load_task_data` runs it too."""
     if task not in TASKS:
         raise UserError(f"task: {task!r} is not one of {', '.join(TASKS)}")
     if isinstance(config, dict):
@@ -40,6 +41,38 @@ def load_task_data(task: str, config: DatasetConfig, *, seed: int) -> TaskData:
             f"dataset.source: {config.source} is a {config.task} source but the study's task is {task}; "
             f"{task} sources: {', '.join(_sources_for(task))}"
         )
+    for field_name in ("path", "val_path", "local_dir", "tokenizer_file"):
+        value = getattr(config, field_name, None)
+        if value and not any(c in value for c in "*?[") and not os.path.exists(os.path.expanduser(value)):
+            raise UserError(f"dataset.{field_name}: {value} does not exist")
+    if config.source in ("hf", "fineweb_edu"):
+        from study.data.hub import local_copy, require_hub
+
+        hub_id = config.hub_id if config.source == "fineweb_edu" else _hub_id(config.name)
+        if local_copy(hub_id, config.local_dir) is None:
+            require_hub(config.source, hub_id)
+    if getattr(config, "tokenizer", None) == "gpt2" and not config.tokenizer_file:
+        from study.data.text import gpt2_available
+
+        gpt2_available(raise_if_not=True)
+    return config
+
+
+def _hub_id(name: str) -> str:
+    from study.data.image_sources import HUB_PRESETS
+
+    preset = HUB_PRESETS.get(name)
+    if preset is None and "/" not in name:
+        raise UserError(f"dataset.name: {name!r} is not one of {', '.join(HUB_PRESETS)} nor a hub id 'owner/name'")
+    return preset.hub_id if preset else name
+
+
+def load_task_data(task: str, config: DatasetConfig, *, seed: int) -> TaskData:
+    """Build the trial's Ray datasets lazily (nothing is read yet, except the two small offline sets).
+
+    Also sets the driver's Ray Data execution order to deterministic (`preserve_order`), which Ray Train carries
+    to the dataset shards of the trainer built afterwards on this driver."""
+    config = preflight(task, config)
     if not ray.is_initialized():
         raise RuntimeError("load_task_data needs ray to be initialised (ray.init) on the trial driver")
     ray.data.DataContext.get_current().execution_options.preserve_order = True

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import tempfile
 from dataclasses import dataclass, field
 
@@ -128,14 +127,6 @@ def _gpt2_cached() -> bool:
     )
 
 
-def _reachable(host: str, port: int = 443, timeout: float = 2.0) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
 def _ranks_from_file(path: str) -> dict[bytes, int]:
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
 
@@ -152,16 +143,29 @@ def _ranks_from_file(path: str) -> dict[bytes, int]:
         raise UserError(f"dataset.tokenizer_file: {path} is not a tiktoken BPE ranks file ({error})") from None
 
 
+def gpt2_available(raise_if_not: bool = False) -> bool:
+    """GPT-2's BPE files are in tiktoken's cache, or their host answers within seconds (tiktoken then downloads them)."""
+    from study.data.hub import offline_flag, probe
+
+    if _gpt2_cached() or (not offline_flag() and probe("openaipublic.blob.core.windows.net")[0]):
+        return True
+    if raise_if_not:
+        raise UserError(
+            f"dataset.tokenizer: gpt2 needs GPT-2's BPE files, which are not in tiktoken's cache "
+            f"({_tiktoken_cache_dir()}) and cannot be downloaded offline; set dataset.tokenizer_file "
+            "(a .tiktoken file or a folder with vocab.bpe and encoder.json), TIKTOKEN_CACHE_DIR, or tokenizer: byte"
+        )
+    return False
+
+
 def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
     """The tokenizer a config asks for. gpt2 comes from tokenizer_file, else tiktoken's cache, else a download when
-    the BPE host answers within 2 s; otherwise gpt2 is a UserError and auto falls back to bytes."""
+    the BPE host answers within seconds; otherwise gpt2 is a UserError and auto falls back to bytes."""
     if kind == "byte":
         return Tokenizer("byte")
     if tokenizer_file:
         return gpt2_tokenizer(_ranks_from_file(os.path.expanduser(tokenizer_file)))
-    if _gpt2_cached() or (
-        os.environ.get("HF_HUB_OFFLINE") != "1" and _reachable("openaipublic.blob.core.windows.net")
-    ):
+    if gpt2_available():
         from tiktoken_ext.openai_public import gpt2
 
         try:
@@ -171,11 +175,7 @@ def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
                 raise UserError(f"dataset.tokenizer: gpt2 could not be loaded ({type(error).__name__}); "
                                 "set dataset.tokenizer_file or use tokenizer: byte") from None
     if kind == "gpt2":
-        raise UserError(
-            f"dataset.tokenizer: gpt2 needs GPT-2's BPE files, which are not in tiktoken's cache "
-            f"({_tiktoken_cache_dir()}) and cannot be downloaded offline; set dataset.tokenizer_file "
-            "(a .tiktoken file or a folder with vocab.bpe and encoder.json), TIKTOKEN_CACHE_DIR, or tokenizer: byte"
-        )
+        gpt2_available(raise_if_not=True)
     return Tokenizer("byte")
 
 
