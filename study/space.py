@@ -25,6 +25,7 @@ from study.runspec import (
     apply_data_overrides,
     check_hyperparameter_names,
     check_run_config,
+    train_config,
 )
 from study.yamlio import load_yaml
 
@@ -369,15 +370,20 @@ class SearchSpace(_Strict):
             provenance=provenance or {},
         )
 
-    def check_configs(self, data_overrides: dict | None = None, check=None) -> int:
+    def check_configs(self, data_overrides: dict | None = None, check=None, *, models_too: bool = True) -> int:
         """Build the model and training configs of the extreme points of the space (every combination of the
         parameters' bounds and choices, conditional groups applied) and of the warm-start points; the first that
         `models` or the training schema rejects is a UserError naming the parameter. `check(hyperparameters)` may
-        add checks of its own (batch size against the data, say). Returns how many were checked."""
+        add checks of its own (batch size against the data, say). `models_too=False` checks the training keys only
+        (what can be checked before the data is opened). Returns how many were checked."""
         checked = 0
         for sampled, blame in self._corner_configs():
             hyperparameters = self.resolve(sampled)
             try:
+                if not models_too:
+                    train_config(hyperparameters)
+                    checked += 1
+                    continue
                 if data_overrides:
                     hyperparameters = apply_data_overrides(hyperparameters, data_overrides)
                 check_run_config(hyperparameters, self.task)

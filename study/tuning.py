@@ -207,6 +207,7 @@ def run_study(options: RunOptions) -> int:
     """Everything that can be checked is checked before the study folder is created or touched."""
     space_path = Path(options.space)
     space = load_space(space_path)
+    space.check_configs(models_too=False)  # the training keys need no data: fail before starting Ray
     name = options.name or space.name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise UserError(f"--name {name!r}: use letters, digits, '_', '.' and '-' (it names a folder)")

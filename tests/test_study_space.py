@@ -1,0 +1,269 @@
+"""Search spaces, run configs, sizing, sampling, Pareto sets and MLflow bookkeeping, in-process (no Ray cluster)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from study.cli import main
+from study.errors import UserError
+from study.loop import WarmupCosine
+from study.resources import trial_concurrency
+from study.results import TrialRecord, best_records
+from study.runspec import Resources, complete_hyperparameters
+from study.search import DefineByRun, make_sampler, make_scheduler
+from study.space import load_space, parse_space
+from study.yamlio import parse_yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SPACES = sorted((REPO / "search_spaces").glob("*.yaml"))
+DIGITS = {"num_classes": 10, "image_size": 8, "in_chans": 1}  # what the digits source fixes
+
+
+def quickstart() -> dict:
+    return yaml.safe_load((REPO / "search_spaces" / "quickstart.yaml").read_text())
+
+
+@pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
+def test_every_shipped_space_validates_and_builds_its_extreme_configs(path):
+    space = load_space(path)
+    assert space.check_configs() > 0
+
+
+def test_quickstart_builds_with_the_data_it_runs_on():
+    assert load_space(REPO / "search_spaces" / "quickstart.yaml").check_configs(DIGITS) >= 2
+
+
+def test_yaml_reads_exponent_floats_as_numbers():
+    assert parse_yaml("lr: 1e-3\nwd: 5E-2\nn: 10\nname: 1e3x") == {"lr": 1e-3, "wd": 5e-2, "n": 10, "name": "1e3x"}
+
+
+BAD_SPACES = [
+    # (change to the quickstart, words the one-line error must contain)
+    (lambda d: d["parameters"].update(foo=[1, 2]), ["parameters.foo", "not a hyperparameter", "lr"]),
+    (lambda d: d["conditional"][0]["parameters"].update(k={"type": "int", "low": 0, "high": 5}),
+     ["conditional[0].parameters.k = 5", "0..4"]),
+    (lambda d: d["parameters"].update(lr={"type": "log_float", "low": 0.0, "high": 1.0}), ["parameters.lr", "low > 0"]),
+    (lambda d: d["parameters"].update(schedule=[]), ["parameters.schedule", "at least 1"]),
+    (lambda d: d.update(metric="val_bpb"), ["metric", "val_acc"]),
+    (lambda d: d.update(mode="maximise"), ["mode", "'min'"]),
+    (lambda d: d.update(sampler="bayes"), ["sampler.kind", "'tpe'", "'nsga2'"]),
+    (lambda d: d.update(dataset={"source": "mnist"}), ["dataset", "digits", "pydoc_text"]),
+    (lambda d: d.update(dataset={"source": "pydoc_text"}), ["dataset", "language_modeling"]),
+    (lambda d: d.update(epochs=0), ["epochs", "greater than or equal to 1"]),
+    (lambda d: d.update(task="segmentation"), ["task", "classification"]),
+    (lambda d: d.update(scheduler={"kind": "asha", "grace_period": 50}), ["grace_period", "epochs"]),
+    (lambda d: d.update(metric=["val_acc", "samples_per_s"], mode=["max", "max"]), ["scheduler", "none"]),
+    (lambda d: d.update(metric=["val_acc", "samples_per_s"], mode=["max"], scheduler="none"), ["mode", "one mode"]),
+    (lambda d: d.update(sampler="grid"), ["grid", "conditional"]),
+    (lambda d: d["points_to_evaluate"].append({"lr": 1e-3, "schedule": "uniform", "k": 9}),
+     ["points_to_evaluate[2].k", "0..4"]),
+    (lambda d: d["points_to_evaluate"].append({"lr": 3e-3, "schedule": "ramp", "k": 1}),
+     ["points_to_evaluate[2].k", "not a parameter"]),
+    (lambda d: d["conditional"][0]["when"].update(schedule="zigzag"), ["conditional[0].when.schedule", "ramp"]),
+    (lambda d: d["conditional"][0]["when"].update(depth=4), ["conditional[0].when.depth", "not a parameter"]),
+    (lambda d: d["fixed"].update(lr=1e-3), ["lr", "already defined"]),
+    (lambda d: d["fixed"].update(weight_decay=-0.1), ["weight_decay", "greater than or equal to 0"]),
+    (lambda d: d["fixed"].update(optimizer="sgd"), ["optimizer", "'adamw'", "'lamb'"]),
+    (lambda d: d["fixed"].update(preset="gpt_tiny"), ["model", "vit"]),
+    (lambda d: d["conditional"][1]["parameters"].update(start_layer={"type": "int", "low": 0, "high": 9}),
+     ["start_layer = 9"]),
+    (lambda d: d["fixed"].update(num_classes=7), ["fixed.num_classes", "dataset fixes it to 10"]),
+    (lambda d: d["fixed"].update(preset="vit_b16"), ["patch_size", "image_size=8 (from the dataset)"]),
+    (lambda d: d.update(extra_field=1), ["extra_field", "not a known field"]),
+]
+
+
+@pytest.mark.parametrize("change, words", BAD_SPACES, ids=[str(i) for i in range(len(BAD_SPACES))])
+def test_bad_spaces_fail_with_one_line_naming_the_field(change, words):
+    data = quickstart()
+    change(data)
+    with pytest.raises(UserError) as info:
+        parse_space(data).check_configs(DIGITS)
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
+def test_define_by_run_samples_conditional_parameters_only_when_their_condition_holds():
+    space = parse_space(quickstart())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize")
+    seen = set()
+    for _ in range(40):
+        trial = study.ask()
+        DefineByRun(space)(trial)
+        params = trial.params
+        seen.add(params["schedule"])
+        if params["schedule"] == "uniform":
+            assert set(params) == {"lr", "schedule", "k"}
+        else:
+            assert set(params) == {"lr", "schedule", "start_layer", "max_count"}
+        resolved = space.resolve(params)
+        if params["schedule"] == "ramp":
+            assert resolved["increment"] == 1  # the group's fixed value comes with it
+        hyperparameters = complete_hyperparameters(resolved, DIGITS, space.task)
+        assert hyperparameters["lr"] == params["lr"] and hyperparameters["num_classes"] == 10
+        study.tell(trial, 0.5)
+    assert seen == {"uniform", "ramp"}
+
+
+def test_grid_sampler_covers_the_paper_grid_once():
+    space = load_space(REPO / "search_spaces" / "vit_cifar100_k_grid.yaml")
+    assert space.default_num_samples() == 6
+    study = optuna.create_study(sampler=make_sampler(space, seed=0), direction="maximize")
+    study.optimize(lambda trial: DefineByRun(space)(trial) or 0.0, n_trials=10)  # the grid stops it after 6
+    assert sorted(t.params["k"] for t in study.trials) == [0, 3, 6, 9, 11, 12]
+
+
+def test_asha_counts_epochs_not_training_iterations():
+    scheduler = make_scheduler(parse_space(quickstart()))
+    assert scheduler._time_attr == "epoch" and scheduler._max_t == 20
+
+
+@pytest.mark.parametrize(
+    "cluster, resources, requested, expected",
+    [
+        ({"CPU": 2}, Resources(workers=1, cpus_per_worker=1), None, 1),
+        ({"CPU": 2}, Resources(workers=2, cpus_per_worker=0.5), None, 1),
+        ({"CPU": 2}, Resources(workers=1, cpus_per_worker=0.5), 2, 2),
+        ({"CPU": 32, "GPU": 4}, Resources(workers=2, cpus_per_worker=4, gpus_per_worker=1), None, 2),
+        ({"CPU": 9}, Resources(workers=1, cpus_per_worker=2), None, 4),
+    ],
+)
+def test_concurrency_keeps_workers_fed_and_a_cpu_for_ray_data(cluster, resources, requested, expected):
+    assert trial_concurrency(resources, cluster, [cluster], requested) == expected
+
+
+@pytest.mark.parametrize(
+    "cluster, resources, requested, words",
+    [
+        ({"CPU": 2}, Resources(workers=2, cpus_per_worker=1), None, ["--workers-per-trial 2", "Ray Data", "at most 1"]),
+        ({"CPU": 2}, Resources(workers=1, cpus_per_worker=1), 2, ["--max-concurrent 2", "only 1"]),
+        ({"CPU": 2}, Resources(workers=1, cpus_per_worker=4), None, ["--cpus-per-worker 4", "largest: 2"]),
+        ({"CPU": 8}, Resources(workers=1, cpus_per_worker=1, gpus_per_worker=1), None, ["--gpus-per-worker 1"]),
+    ],
+)
+def test_impossible_sizing_is_refused_saying_what_fits(cluster, resources, requested, words):
+    with pytest.raises(UserError) as info:
+        trial_concurrency(resources, cluster, [cluster], requested)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+def test_warmup_cosine_schedule():
+    schedule = WarmupCosine(warmup=4, total=20, min_ratio=0.1)
+    assert [schedule(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert schedule(4) == 1.0
+    assert math.isclose(schedule(12), 0.1 + 0.9 * 0.5, rel_tol=1e-12)  # half-way through the decay
+    assert math.isclose(schedule(20), 0.1) and math.isclose(schedule(25), 0.1)
+
+
+def test_pareto_set_is_exactly_the_non_dominated_trials():
+    values = [(0.9, 100.0), (0.8, 300.0), (0.85, 90.0), (0.7, 310.0), (0.9, 100.0), (0.95, 50.0), (0.6, 20.0)]
+    records = [TrialRecord(f"t{i}", f"t{i}", "completed", {}, 3, {"val_acc": a, "samples_per_s": s})
+               for i, (a, s) in enumerate(values)]
+    records.append(TrialRecord("stopped", "stopped", "early_stopped", {}, 1, {"val_acc": 0.99, "samples_per_s": 999}))
+    front = {r.trial_id for r in best_records(records, ["val_acc", "samples_per_s"], ["max", "max"])}
+
+    def dominates(p, q):
+        return all(x >= y for x, y in zip(p, q)) and p != q
+
+    expected = {f"t{i}" for i, v in enumerate(values) if not any(dominates(w, v) for w in values)}
+    assert front == expected == {"t0", "t1", "t3", "t4", "t5"}
+    ranked = best_records(records, ["val_loss"], ["min"]) + best_records(records, ["val_acc"], ["max"])
+    assert [r.trial_id for r in ranked][:2] == ["t5", "t0"]  # no val_loss anywhere; completed trials only
+
+
+def test_cli_reports_user_errors_in_one_line_and_leaves_an_existing_study_alone(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(quickstart()))
+    space = tmp_path / "space.yaml"
+    data = quickstart()
+    data["fixed"]["batch_size"] = -1
+    space.write_text(yaml.safe_dump(data))
+    existing = tmp_path / "studies" / "quickstart"
+    existing.mkdir(parents=True)
+    (existing / "study.json").write_text("{}")
+    cases = [
+        (["run", str(tmp_path / "missing.yaml")], "no such file"),
+        (["run", str(good), "--storage", str(tmp_path / "studies")], "already exists"),
+        (["run", str(good), "--storage", str(tmp_path / "studies"), "--resume"], "no study to resume"),
+        (["run", str(space), "--storage", str(tmp_path / "other")], "fixed.batch_size"),
+        (["run", str(good), "--storage", str(tmp_path / "other"), "--workers-per-trial", "0"], "--workers-per-trial"),
+        (["run", str(space), "--max-concurrent", "0"], "--max-concurrent"),
+        (["export", str(tmp_path)], "not a study folder"),
+        (["status", str(tmp_path / "nowhere")], "not a study folder"),
+        (["train", str(space)], "run config"),
+        (["run"], "required"),
+    ]
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and words in err, (argv, err)
+    assert (existing / "study.json").read_text() == "{}" and len(list(existing.iterdir())) == 1
+    assert not (tmp_path / "other").exists()
+
+
+def test_run_logger_keeps_one_run_per_trial_and_logs_each_epoch_once(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import TAG_TRIAL, RunLogger, close_run, ensure_experiment, local_store
+
+    uri, artifacts = local_store(tmp_path)
+    experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
+
+    def logger():
+        return RunLogger(uri, experiment, trial_id="abc_00001", run_name="trial_abc_00001", study="s",
+                         params={"lr": "0.001", "k": "2"}, config_yaml="task: classification\n")
+
+    first = logger()
+    first.log_epoch(1, {"val_acc": 0.5, "train_loss": 1.0})
+    first.log_epoch(2, {"val_acc": 0.6, "train_loss": 0.9})
+    close_run(uri, experiment, run_id=None, trial_id="abc_00001", status="failed", error="node lost")
+    restarted = logger()  # the trial restarts: same run, live again, epochs 1-2 not logged twice
+    assert restarted.run_id == first.run_id
+    for epoch, acc in ((2, 0.6), (3, 0.7)):
+        restarted.log_epoch(epoch, {"val_acc": acc, "train_loss": 1.0 - acc})
+    close_run(uri, experiment, run_id=restarted.run_id, trial_id=None, status="completed")
+    client = MlflowClient(uri)
+    runs = client.search_runs([experiment], filter_string=f"tags.`{TAG_TRIAL}` = 'abc_00001'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.tags["lapstudy.status"] == "completed"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "val_acc")] == [
+        (1, 0.5), (2, 0.6), (3, 0.7)]
+    assert run.data.params == {"lr": "0.001", "k": "2"}
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml"]
+
+
+def test_run_logger_survives_an_unreachable_tracking_server(monkeypatch):
+    from study.tracking import RunLogger
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    logger = RunLogger("http://127.0.0.1:9", "0", trial_id="t", run_name="t", study="s", params={}, config_yaml="")
+    logger.log_epoch(1, {"val_acc": 0.5})  # must neither raise nor lose the metrics
+    assert logger.run_id is None and len(logger._pending) == 2
+
+
+def test_corner_enumeration_covers_every_combination_of_bounds():
+    space = parse_space(quickstart())
+    combos = [c for c, _ in space._corner_configs() if _ == "parameters"]
+    uniform = [c for c in combos if c["schedule"] == "uniform"]
+    ramp = [c for c in combos if c["schedule"] == "ramp"]
+    assert len(uniform) == 2 * 2 and len(ramp) == 2 * 2 * 2
+    assert {(c["lr"], c["k"]) for c in uniform} == set(itertools.product([1e-3, 6e-3], [0, 4]))
+
+
+def test_space_copy_is_not_mutated_by_validation():
+    data = quickstart()
+    before = copy.deepcopy(data)
+    parse_space(data).check_configs(DIGITS)
+    assert data == before
