@@ -1,4 +1,4 @@
-"""The STLT mix as an FFT convolution: the fast PyTorch path (CPU default), differentiated by autograd.
+"""The STLT mix as an FFT convolution: the fast PyTorch path (CPU default).
 
 Because x is real, Re(C_k L_k) is x convolved with the real kernel h_k[t, d] = Re(C[k, d] a_k^{|t|}), so
 
@@ -9,15 +9,17 @@ Because x is real, Re(C_k L_k) is x convolved with the real kernel h_k[t, d] = R
 - mask (B, N, S), varying along the sequence: one convolution per node, nodes taken a few at a time so no tensor
   reaches B N S D.
 
+Convolutions run over the last dimension (positions), where FFTs are several times faster than over a strided one,
+with a hand-written backward that stays in real FFTs (autograd's backward of rfft goes through a full complex FFT).
 Linear (not circular) convolution needs an FFT length of at least 2N - 1. The bilateral kernel is symmetric in t,
-so its spectrum is 2 Re(FFT(causal half)) - h[0], real; powers a^t are only ever taken for t >= 0.
+so its spectrum is 2 Re(FFT(lags 0..N-1)) - h[0], real. Powers a^t are only ever taken for t >= 0.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from models.stlt.naive import decay_log
 
 
 def fft_size(n: int) -> int:
@@ -37,43 +39,110 @@ def fft_size(n: int) -> int:
 
 
 def node_group_size(num_nodes: int) -> int:
-    """Nodes per convolution batch on the per-position-mask path: a per-group tensor holds about B * 2N * group * D
-    numbers, so groups of S/8 keep every tensor well under B * N * S * D."""
+    """Nodes per convolution batch on the per-position-mask path: a group's tensors hold about B * 2N * group * D
+    numbers (complex spectra included), so groups of S/8 keep every tensor well under B * N * S * D."""
     return max(1, num_nodes // 8)
 
 
-def _kernel_powers(sigma, omega, T, delta, N):
-    """Re and Im of a_k^t for t = 0..N-1, each (S, N)."""
-    t = torch.arange(N, device=sigma.device, dtype=sigma.dtype)
-    powers = torch.exp(t[None] * decay_log(sigma, omega, T, delta)[:, None])
-    return powers.real, powers.imag
+def _spectrum(h: torch.Tensor, n_fft: int, symmetric: bool) -> torch.Tensor:
+    h_hat = torch.fft.rfft(h, n=n_fft)
+    return 2.0 * h_hat.real - h[..., :1] if symmetric else h_hat
 
 
-def _spectrum(h: torch.Tensor, n_fft: int, causal: bool) -> torch.Tensor:
-    """FFT over dim -2 (positions) of the kernel whose lags 0..N-1 are h; the bilateral kernel mirrors them."""
-    h_hat = torch.fft.rfft(h, n=n_fft, dim=-2)
-    if causal:
-        return h_hat
-    return 2.0 * h_hat.real - h[..., :1, :]
+class FFTConv(torch.autograd.Function):
+    """y[..., n] = sum_t h[..., t] x[..., n - t] for n < N (zero outside 0..N-1), over the last dimension.
+
+    h holds lags 0..N-1; `symmetric` also applies them at negative lags (h[-t] = h[t]). x and h broadcast against
+    each other (e.g. x (B, 1, D, N) with h (1, g, D, N)); gradients are summed back to their shapes in the frequency
+    domain, before the inverse FFT."""
+
+    @staticmethod
+    def forward(ctx, x, h, symmetric: bool, n_fft: int):
+        x_hat = torch.fft.rfft(x, n=n_fft)
+        h_hat = _spectrum(h, n_fft, symmetric)
+        ctx.save_for_backward(x_hat, h_hat)
+        ctx.symmetric, ctx.n_fft, ctx.N = symmetric, n_fft, x.shape[-1]
+        return torch.fft.irfft(x_hat * h_hat, n=n_fft)[..., : x.shape[-1]]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        x_hat, h_hat = ctx.saved_tensors
+        n_fft, N = ctx.n_fft, ctx.N
+        g_hat = torch.fft.rfft(grad_y.contiguous(), n=n_fft)  # a strided FFT input is several times slower
+        grad_x = grad_h = None
+        if ctx.needs_input_grad[0]:
+            # Correlation with h: the adjoint of the convolution.
+            grad_x = torch.fft.irfft((g_hat * h_hat.conj()).sum_to_size(x_hat.shape), n=n_fft)[..., :N]
+        if ctx.needs_input_grad[1]:
+            full = torch.fft.irfft((g_hat * x_hat.conj()).sum_to_size(h_hat.shape[:-1] + x_hat.shape[-1:]), n=n_fft)
+            grad_h = _fold_lags(full, N, ctx.symmetric)
+        return grad_x, grad_h, None, None
+
+
+class MaskedFFTMix(torch.autograd.Function):
+    """y[b, :, n] = sum_k mask[b, n, k] (x[b] * h[k])[:, n] for per-position masks, nodes a group at a time.
+
+    Each node's convolution L_k (B, D, N) is needed for the mask gradient; rather than keeping all S of them for
+    backward (B N S D numbers), backward recomputes them group by group from the saved spectrum of x."""
+
+    @staticmethod
+    def forward(ctx, xt, h, mask, symmetric: bool, n_fft: int):
+        B, D, N = xt.shape
+        x_hat = torch.fft.rfft(xt, n=n_fft)[:, None]  # (B, 1, D, F)
+        y = xt.new_zeros(B, D, N)
+        for nodes in _node_groups(h.shape[0]):
+            L = torch.fft.irfft(x_hat * _spectrum(h[nodes], n_fft, symmetric), n=n_fft)[..., :N]  # (B, g, D, N)
+            y += (L * mask[:, :, nodes].transpose(1, 2)[:, :, None]).sum(dim=1)
+        ctx.save_for_backward(x_hat, h, mask)
+        ctx.symmetric, ctx.n_fft = symmetric, n_fft
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        x_hat, h, mask = ctx.saved_tensors
+        n_fft, N = ctx.n_fft, h.shape[-1]
+        grad_y = grad_y.contiguous()[:, None]  # (B, 1, D, N)
+        grad_x_hat = torch.zeros_like(x_hat[:, 0])
+        grad_h, grad_mask = torch.empty_like(h), torch.empty_like(mask)
+        for nodes in _node_groups(h.shape[0]):
+            h_hat = _spectrum(h[nodes], n_fft, ctx.symmetric)
+            m = mask[:, :, nodes].transpose(1, 2)[:, :, None]  # (B, g, 1, N)
+            L = torch.fft.irfft(x_hat * h_hat, n=n_fft)[..., :N]
+            grad_mask[:, :, nodes] = (grad_y * L).sum(dim=2).transpose(1, 2)
+            g_hat = torch.fft.rfft(grad_y * m, n=n_fft)  # spectrum of dL/dL_k, (B, g, D, F)
+            grad_x_hat += (g_hat * h_hat.conj()).sum(dim=1)
+            grad_h[nodes] = _fold_lags(torch.fft.irfft((g_hat * x_hat.conj()).sum(dim=0), n=n_fft), N, ctx.symmetric)
+        return torch.fft.irfft(grad_x_hat, n=n_fft)[..., :N], grad_h, grad_mask, None, None
+
+
+def _node_groups(num_nodes: int):
+    step = node_group_size(num_nodes)
+    return [slice(start, start + step) for start in range(0, num_nodes, step)]
+
+
+def _fold_lags(full: torch.Tensor, N: int, symmetric: bool) -> torch.Tensor:
+    """Gradient of the kernel's lags 0..N-1 from the gradient of its circular form (negative lags wrap around)."""
+    lags = full[..., :N]
+    if not symmetric:
+        return lags
+    return torch.cat([lags[..., :1], lags[..., 1:] + full[..., full.shape[-1] - N + 1:].flip(-1)], dim=-1)
 
 
 def stlt_mix_fft(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False):
-    B, N, D = x.shape
-    S = sigma.shape[0]
+    N = x.shape[1]
     n_fft = fft_size(2 * N - 1)
-    pw_r, pw_i = _kernel_powers(sigma, omega, T, delta, N)
-    x_hat = torch.fft.rfft(x, n=n_fft, dim=1)  # (B, F, D)
+    t = torch.arange(N, device=x.device, dtype=x.dtype)[None]
+    # a_k^t = exp(t log|a_k|) (cos + i sin)(t arg a_k), (S, N), in real arithmetic (complex exp is much slower).
+    log_r, theta = -(sigma + 1.0 / T)[:, None] * delta, -omega[:, None] * delta
+    magnitude = torch.exp(t * log_r)
+    re_powers, im_powers = magnitude * torch.cos(t * theta), magnitude * torch.sin(t * theta)
+    xt = x.transpose(1, 2).contiguous()  # (B, D, N): positions last
     if mask.dim() == 2:
-        # h[b, t, d] = sum_k mask[b, k] (C_r[k, d] Re a_k^t - C_i[k, d] Im a_k^t): one matmul over 2S.
-        powers = torch.cat([pw_r, -pw_i], dim=0).T  # (N, 2S)
-        weights = torch.cat([mask[:, :, None] * C.real, mask[:, :, None] * C.imag], dim=1)  # (B, 2S, D)
-        h = torch.matmul(powers, weights)  # (B, N, D)
-        return torch.fft.irfft(x_hat * _spectrum(h, n_fft, causal), n=n_fft, dim=1)[:, :N]
-    y = x.new_zeros(B, N, D)
-    step = node_group_size(S)
-    for start in range(0, S, step):
-        nodes = slice(start, start + step)
-        h = pw_r[nodes, :, None] * C.real[nodes, None, :] - pw_i[nodes, :, None] * C.imag[nodes, None, :]  # (g, N, D)
-        L = torch.fft.irfft(x_hat[:, None] * _spectrum(h, n_fft, causal), n=n_fft, dim=2)[:, :, :N]  # (B, g, N, D)
-        y = y + torch.einsum("bgnd,bng->bnd", L, mask[:, :, nodes])
-    return y
+        # h[b, d, t] = sum_k mask[b, k] (C_r[k, d] Re a_k^t - C_i[k, d] Im a_k^t): one matmul over 2S.
+        weights = torch.cat([mask[:, :, None] * C.real, -mask[:, :, None] * C.imag], dim=1)  # (B, 2S, D)
+        h = weights.transpose(1, 2) @ torch.cat([re_powers, im_powers], dim=0)  # (B, D, N)
+        return FFTConv.apply(xt, h, not causal, n_fft).transpose(1, 2)
+    h = C.real[:, :, None] * re_powers[:, None] - C.imag[:, :, None] * im_powers[:, None]  # (S, D, N) kernels
+    return MaskedFFTMix.apply(xt, h, mask, not causal, n_fft).transpose(1, 2)
