@@ -1,0 +1,69 @@
+"""Shared by the study end-to-end tests: one local Ray cluster for a whole test module (started here, joined by the
+`lapstudy` subprocesses with --address), the real command line as a subprocess, and readers of Ray's and MLflow's
+records that do not go through the code under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+LAPSTUDY = Path(sys.executable).with_name("lapstudy")
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """A 2-CPU local cluster with the dashboard on (Tune needs it to clean up the placement groups of trials ASHA
+    stops), in a short private temp folder; shut down when the module's tests are done."""
+    import ray
+
+    temp = Path(tempfile.mkdtemp(prefix="lss", dir="/tmp"))
+    ray.init(num_cpus=2, include_dashboard=True, _temp_dir=str(temp), log_to_driver=False,
+             logging_level="ERROR")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def lapstudy(*args, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([str(LAPSTUDY), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=cwd)
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def tune_trials(study_dir: Path) -> dict[str, list[dict]]:
+    """Every result each trial reported, from the JSON lines Ray Tune writes into the trial folders."""
+    trials = {}
+    for result_file in sorted(Path(study_dir).glob("trial_*/result.json")):
+        rows = [json.loads(line) for line in result_file.read_text().splitlines() if line.strip()]
+        if rows:
+            trials[rows[0]["trial_id"]] = rows
+    return trials
+
+
+def mlflow_runs(tracking_uri: str, experiment: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id]) if found else []
+
+
+def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    from mlflow.tracking import MlflowClient
+
+    return [(m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, key)]
