@@ -48,12 +48,17 @@ class TransformerConfig:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def _resolve_mixers(self) -> list[str]:
-        kinds = [self.mixer] * self.depth if isinstance(self.mixer, str) else self.mixer
+        # A comma-separated string ("stlt,attention,stlt,attention") is the list in one scalar, so a search space
+        # can offer per-layer choices as categorical values.
+        per_layer = isinstance(self.mixer, str) and "," in self.mixer
+        kinds = [k.strip() for k in self.mixer.split(",")] if per_layer else self.mixer
+        kinds = [kinds] * self.depth if isinstance(kinds, str) else kinds
         if not isinstance(kinds, list | tuple) or len(kinds) != self.depth:
-            raise ConfigError("mixer", f"must be one of {sorted(MIXERS)} or a list of {self.depth} of them (one per layer)")
+            raise ConfigError("mixer", f"must be one of {sorted(MIXERS)} or a list (or comma-separated string) of "
+                                       f"{self.depth} of them (one per layer), got {self.mixer!r}")
         for layer, kind in enumerate(kinds):
             if kind not in MIXERS:
-                raise ConfigError(f"mixer[{layer}]" if not isinstance(self.mixer, str) else "mixer",
+                raise ConfigError(f"mixer[{layer}]" if not isinstance(self.mixer, str) or per_layer else "mixer",
                                   f"must be one of {sorted(MIXERS)}, got {kind!r}")
         return list(kinds)
 

@@ -212,6 +212,13 @@ def test_models_with_stlt_layers_expose_the_hooks():
     assert model.blocks[2].mixer.step.item() == 50
 
 
+def test_per_layer_mixers_as_one_comma_separated_string():
+    vit = build_model({"preset": "vit_tiny_digits", "mixer": "attention, stlt,attention,stlt", "stlt_nodes": 3})
+    assert vit.mixer_kinds == ["attention", "stlt", "attention", "stlt"]
+    assert build_model({"preset": "vit_tiny_digits", "mixer": ["attention", "stlt", "attention", "stlt"],
+                        "stlt_nodes": 3}).mixer_kinds == vit.mixer_kinds
+
+
 def test_vit_stlt_layers_are_bilateral():
     vit = build_model({"preset": "vit_tiny_digits", "mixer": "stlt", "stlt_nodes": 4})
     assert all(not block.mixer.causal for block in vit.blocks)
@@ -235,6 +242,8 @@ def test_vit_stlt_layers_are_bilateral():
         ({"mixer": "attention", "stlt_nodes": 8}, "stlt_nodes"),
         ({"mixer": "stlt", "k": 1}, "mixer"),
         ({"mixer": ["stlt", "attention"]}, "mixer"),
+        ({"mixer": "stlt,attention"}, "mixer"),
+        ({"mixer": "stlt,attn,stlt,stlt"}, "mixer[1]"),
     ],
 )
 def test_bad_stlt_configs_name_the_field(config, field):
