@@ -20,3 +20,28 @@ def ray_local():
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()
+
+
+def write_cifar100_mirror(root, train_rows, test_rows):
+    """A local copy of the uoft-cs/cifar100 hub repository layout (card with configs, parquet written by
+    `datasets` with its Image and ClassLabel features) under root/uoft-cs/cifar100, from (PIL image, label) rows."""
+    import datasets
+
+    repo = root / "uoft-cs" / "cifar100"
+    os.makedirs(repo / "cifar100", exist_ok=True)
+    features = datasets.Features({
+        "img": datasets.Image(),
+        "fine_label": datasets.ClassLabel(num_classes=100),
+        "coarse_label": datasets.ClassLabel(num_classes=20),
+    })
+    for split, rows in (("train", train_rows), ("test", test_rows)):
+        ds = datasets.Dataset.from_dict(
+            {"img": [img for img, _ in rows], "fine_label": [y for _, y in rows], "coarse_label": [0] * len(rows)},
+            features=features,
+        )
+        ds.to_parquet(str(repo / "cifar100" / f"{split}-00000-of-00001.parquet"))
+    (repo / "README.md").write_text(
+        "---\nconfigs:\n- config_name: cifar100\n  data_files:\n  - split: train\n    path: cifar100/train-*\n"
+        "  - split: test\n    path: cifar100/test-*\n---\n"
+    )
+    return repo

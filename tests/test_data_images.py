@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from data_fixtures import ray_local  # noqa: F401
+from data_fixtures import ray_local, write_cifar100_mirror  # noqa: F401
 from PIL import Image
 
 from study.data import load_task_data, parse_dataset_config
@@ -56,28 +56,8 @@ def parquet_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub_mirror(tmp_path_factory):
-    """A local copy of the uoft-cs/cifar100 hub repository layout, written by `datasets` itself."""
-    import datasets
-
     root = tmp_path_factory.mktemp("mirror")
-    repo = root / "uoft-cs" / "cifar100"
-    os.makedirs(repo / "cifar100")
-    features = datasets.Features({
-        "img": datasets.Image(),
-        "fine_label": datasets.ClassLabel(num_classes=100),
-        "coarse_label": datasets.ClassLabel(num_classes=20),
-    })
-    for split, count, offset in (("train", 50, 0), ("test", 15, 500)):
-        rows = _rows(count, offset)
-        ds = datasets.Dataset.from_dict(
-            {"img": [img for img, _ in rows], "fine_label": [y * 7 for _, y in rows], "coarse_label": [0] * count},
-            features=features,
-        )
-        ds.to_parquet(str(repo / "cifar100" / f"{split}-00000-of-00001.parquet"))
-    (repo / "README.md").write_text(
-        "---\nconfigs:\n- config_name: cifar100\n  data_files:\n  - split: train\n    path: cifar100/train-*\n"
-        "  - split: test\n    path: cifar100/test-*\n---\n"
-    )
+    write_cifar100_mirror(root, [(img, 7 * y) for img, y in _rows(50)], [(img, 7 * y) for img, y in _rows(15, 500)])
     return root
 
 

@@ -79,25 +79,23 @@ def test_pydoc_text_packing_split_and_bytes(ray_local):
     total_tokens = sum(len(text.encode("utf-8")) + 1 for _, text in docs)  # one separator per document
     # no padding: the windows tile each split's token stream, at most one partial window lost per split
     assert data.num_train + data.num_val == pytest.approx(total_tokens / 64, abs=2)
-    assert data.params["val_documents"] == 8
+    assert data.params["val_documents"] == round(0.1 * len(docs))  # 8 of CPython 3.11's 79 topics
     val = _epoch(data, "val", batch_size=50)
     assert sum(len(b["input_ids"]) for b in val) == data.num_val  # the last partial batch is kept
-    stream = []
     for batch in val:
         ids, targets, nbytes = batch["input_ids"], batch["targets"], batch["target_bytes"]
         assert ids.dtype == targets.dtype == nbytes.dtype == torch.int64 and ids.shape[1] == 64
         assert torch.equal(ids[:, 1:], targets[:, :-1])  # targets are inputs shifted by one
         assert torch.equal(nbytes, (targets != 256).long())  # a byte is one byte, the separator none
         assert int(ids.max()) <= 256
-        stream.extend(ids[:, 0].tolist() for _ in [0])
     # consecutive validation windows continue each other: the stream is packed, not padded per document
     first, second = val[0]["input_ids"][0], val[0]["input_ids"][1]
     assert int(val[0]["targets"][0][-1]) == int(second[0]) and len(first) == 64
     text = bytes(t for t in torch.cat([b["input_ids"] for b in val]).flatten().tolist() if t != 256).decode()
     val_docs = [t for _, t in docs if t in text or t[:200] in text]
-    assert len(val_docs) >= 7  # the held-out documents appear whole in the validation stream
+    assert len(val_docs) >= data.params["val_documents"] - 1  # held-out documents appear whole in the stream
     separators = int(sum((b["input_ids"] == 256).sum() for b in val))
-    assert separators in (7, 8)
+    assert separators in (data.params["val_documents"] - 1, data.params["val_documents"])
 
 
 def test_pydoc_text_is_deterministic_for_a_seed(ray_local):
