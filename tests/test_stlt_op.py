@@ -1,4 +1,4 @@
-"""The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (FFT) backend against
+"""The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (chunked) backend against
 the reference forward and backward, its memory audit, and input errors. The Triton backend: tests/test_stlt_triton.py."""
 
 import math
@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from models.stlt import stlt_mix
-from models.stlt.fftconv import fft_size
+from models.stlt.chunked import stlt_mix_chunked
 
 
 def make_inputs(B, N, D, S, *, per_position, dtype=torch.float64, seed=0):
@@ -112,7 +112,7 @@ class ByteAudit(TorchDispatchMode):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("per_position", [False, True])
 def test_torch_backend_never_materialises_B_N_S_D(causal, per_position):
-    B, N, D, S = 2, 96, 16, 16
+    B, N, D, S = 2, 512, 8, 16
     inputs = make_inputs(B, N, D, S, per_position=per_position)
     limit = B * N * S * D * inputs[0].element_size()
     for backend, should_fit in (("torch", True), ("reference", False)):
@@ -123,16 +123,19 @@ def test_torch_backend_never_materialises_B_N_S_D(causal, per_position):
         assert (audit.largest < limit) == should_fit, (backend, audit.largest, audit.largest_op, limit)
 
 
-def test_fft_size_is_smallest_5_smooth_at_least_n():
-    def smooth(m):
-        for p in (2, 3, 5):
-            while m % p == 0:
-                m //= p
-        return m == 1
-
-    for n in range(1, 400):
-        size = fft_size(n)
-        assert size >= n and smooth(size) and not any(smooth(m) for m in range(n, size))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("per_position", [False, True])
+@pytest.mark.parametrize(("N", "chunk"), [(16, 4), (23, 4), (9, 8), (5, 1)])
+def test_chunked_scan_across_many_chunks(causal, per_position, N, chunk):
+    """Chunk sizes that leave full, partial and single-position chunks, carried in both directions."""
+    inputs = make_inputs(2, N, 3, 5, per_position=per_position, seed=N + chunk)
+    grad_out = torch.randn(2, N, 3, dtype=torch.float64)
+    y_ref, g_ref = mix_and_grads(inputs, grad_out, delta=0.9, causal=causal, backend="reference")
+    y = stlt_mix_chunked(*inputs, delta=0.9, causal=causal, chunk=chunk)
+    grads = torch.autograd.grad(y, inputs, grad_out)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    for got, ref in zip(grads, g_ref):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize(
