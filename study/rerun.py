@@ -15,7 +15,8 @@ from study.errors import UserError, describe_validation_error
 from study.loop import TrackingTarget, spec_document
 from study.runspec import Resources, RunSpec, complete_hyperparameters
 from study.tracking import STATUS_COMPLETED, STATUS_FAILED, close_run, ensure_experiment, local_store
-from study.trainer import build_trainer
+from study.trainer import build_trainer, plan_run
+from study.resources import trial_concurrency
 from study.tuning import connect_ray
 from study.yamlio import dump_yaml, load_yaml
 
@@ -45,9 +46,12 @@ def train_once(config: str, *, storage: str | None, tracking_uri: str | None, ad
             raise UserError(describe_validation_error(exc, changes, prefix="--")) from None
     storage_dir = Path(storage or "studies/train").expanduser().resolve()
     connect_ray(address, storage_dir)
+    # The config's workers must fit on this cluster, or Ray Train would wait for them forever.
+    trial_concurrency(spec.resources, ray.cluster_resources(), [n["Resources"] for n in ray.nodes() if n["Alive"]], None)
     task_data = load_task_data(spec.task, spec.dataset, seed=spec.seed)
     hyperparameters = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task)
     spec = spec.model_copy(update={"hyperparameters": hyperparameters})
+    plan_run(spec, task_data.num_train)
     if tracking_uri:
         experiment_id = ensure_experiment(tracking_uri, EXPERIMENT, None, must_be_new=False)
     storage_dir.mkdir(parents=True, exist_ok=True)
