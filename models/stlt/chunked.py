@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 # Positions per chunk: the per-position path pays Q per position and node, the per-sequence path only Q per
@@ -42,45 +43,96 @@ def node_group_size(num_nodes: int) -> int:
 def stlt_mix_chunked(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False,
                      chunk: int | None = None):
     B, N, D = x.shape
+    S = sigma.shape[0]
     per_sequence = mask.dim() == 2
-    Q = min(chunk, N) if chunk else chunk_size(N, sigma.shape[0], D, per_sequence)
+    Q = min(chunk, N) if chunk else chunk_size(N, S, D, per_sequence)
     n_chunks = -(-N // Q)
-    xc = F.pad(x, (0, 0, 0, n_chunks * Q - N)).view(B, n_chunks, Q, D)  # zeros past the end add nothing
+    pad = n_chunks * Q - N  # zeros past the end add nothing
+    # Channels first, positions last: every product below is then a plain (batched) matmul on contiguous memory.
+    xc = _ChannelsFirst.apply(F.pad(x, (0, 0, 0, pad))).view(B, D, n_chunks, Q)
     t = torch.arange(Q + 1, device=x.device, dtype=x.dtype)
     log_a = torch.complex(-(sigma + 1.0 / T) * delta, -omega * delta)  # (S,)
     powers = torch.exp(t[:, None] * log_a)  # a_k^t, (Q + 1, S)
-    m = mask[:, None, None, :] if per_sequence else F.pad(mask, (0, 0, 0, n_chunks * Q - N)).view(B, n_chunks, Q, -1)
-
-    y = _intra_per_sequence(xc, powers, C, mask, causal) if per_sequence else _intra_per_position(xc, powers, C, m, causal)
-    # Carried states, left to right: position i of chunk c sees a^{i+1} H_{c-1}.
-    y = y + _carried(xc, powers, C, m, Q, reverse=False)
-    if not causal:  # right to left: position i sees a^{Q-i} times the state entering from chunk c+1
-        y = y + _carried(xc.flip(2), powers, C, m.flip(2) if not per_sequence else m, Q, reverse=True).flip(2)
-    return y.reshape(B, n_chunks * Q, D)[:, :N]
+    m = mask if per_sequence else F.pad(mask, (0, 0, 0, pad)).view(B, n_chunks, Q, S)
+    y = (_intra_per_sequence if per_sequence else _intra_per_position)(xc, powers, C, m, causal)
+    if n_chunks > 1:
+        y = y + _carried(xc, powers, C, m, causal)
+    return _ChannelsFirst.apply(y.reshape(B, D, n_chunks * Q))[:, :N]
 
 
-def _carried(xc, powers, C, m, Q: int, *, reverse: bool):
-    """sum_k m Re(C_k a_k^{i+1} H_{c-1,k}) for the chunks in scan order (reverse: chunks taken right to left, with
-    positions already flipped inside each chunk by the caller)."""
-    B, n_chunks = xc.shape[:2]
-    to_end = powers[:Q].flip(0)  # a^{Q-1-j}: from position j to the chunk's last position
-    local = torch.complex(torch.einsum("jk,bcjd->bckd", to_end.real, xc), torch.einsum("jk,bcjd->bckd", to_end.imag, xc))
-    order = range(n_chunks - 1, -1, -1) if reverse else range(n_chunks)
-    across = powers[Q][:, None]  # a^Q, (S, 1)
-    local = local.unbind(1)  # one split, not one (whole-tensor) index backward per chunk
-    state = torch.zeros_like(local[0])
-    incoming = [None] * n_chunks
-    for c in order:
-        incoming[c] = state
-        state = across * state + local[c]
-    weighted = C * torch.stack(incoming, dim=1)  # C_k H_{c-1,k}, (B, n_chunks, S, D)
-    into = powers[1:]  # a^{i+1}, (Q, S)
-    if m.shape[2] == 1:  # one mask per sequence: fold it into the states
-        weighted = weighted * m.squeeze(2)[:, :, :, None].to(weighted.dtype)
-        return torch.einsum("ik,bckd->bcid", into.real, weighted.real) - torch.einsum(
-            "ik,bckd->bcid", into.imag, weighted.imag)
-    return torch.einsum("bcik,bckd->bcid", m * into.real, weighted.real) - torch.einsum(
-        "bcik,bckd->bcid", m * into.imag, weighted.imag)
+class _ChannelsFirst(torch.autograd.Function):
+    """(B, L, D) <-> (B, D, L) as a contiguous copy both ways, so the gradients reaching the matmuls are contiguous
+    too (batched matmuls on strided operands copy every batch element)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.transpose(1, 2).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.transpose(1, 2).contiguous()
+
+
+def _carried(xc, powers, C, m, causal: bool):
+    """What crosses chunk borders, both directions at once. Left to right, chunk c starts from
+    H_c = sum_{c' < c} a^{Q (c-1-c')} E_{c'}, E = sum_j a^{Q-1-j} x_j, and position i reads a^{i+1} H_c; right to left,
+    the mirror image: E' = sum_j a^j x_j, and position i reads a^{Q-i} times the state entering from chunk c+1."""
+    B, D, n_chunks, Q = xc.shape
+    S = powers.shape[1]
+    # Columns are the real and imaginary parts of the powers, so one real matmul serves both parts and directions.
+    gather = [powers[:Q].flip(0)] + ([] if causal else [powers[:Q]])  # a^{Q-1-j}, a^j: (Q, S) each
+    local = xc @ torch.cat([part for p in gather for part in (p.real, p.imag)], dim=1)  # (B, D, n_chunks, 2S|4S)
+    across = powers[Q]  # a^Q, (S,)
+    incoming = [_carry(torch.complex(local[..., :S], local[..., S:2 * S]), across, reverse=False)]
+    if not causal:
+        incoming.append(_carry(torch.complex(local[..., 2 * S:3 * S], local[..., 3 * S:]), across, reverse=True))
+    weights = C.T[None, :, None, :]  # C_k[d] against states (B, D, n_chunks, S)
+    if m.dim() == 2:  # one mask per sequence: fold it into the states
+        weights = weights * m[:, None, None, :]
+    states = torch.cat([part for h in incoming for part in ((weights * h).real, (weights * h).imag)], dim=-1)
+    spread = [powers[1:]] + ([] if causal else [powers[1:].flip(0)])  # a^{i+1}, a^{Q-i}: (Q, S) each
+    readout = torch.cat([part for p in spread for part in (p.real, -p.imag)], dim=1)  # (Q, 2S|4S)
+    if m.dim() == 2:
+        return states @ readout.T  # (B, D, n_chunks, Q)
+    # Per-position mask: it weighs each node's term at each position, a different readout per chunk.
+    readout = readout * m.repeat(1, 1, 1, readout.shape[-1] // S)  # (B, n_chunks, Q, 2S|4S)
+    return (readout @ states.transpose(1, 2).transpose(2, 3)).permute(0, 3, 1, 2)
+
+
+def _carry(local, across, *, reverse: bool):
+    """State entering each chunk (dim -2): H_c = across * H_{c-1} + local_{c-1}, H_0 = 0 (from the other end when
+    reverse)."""
+    if reverse:
+        return _Carry.apply(local.flip(-2), across).flip(-2)
+    return _Carry.apply(local, across)
+
+
+class _Carry(torch.autograd.Function):
+    """The chunk-to-chunk recurrence as one autograd node: a Python step per chunk either way, without autograd
+    bookkeeping per step. Backward is the adjoint recurrence run from the last chunk:
+        lambda_c = g_c + conj(a) lambda_{c+1},   dL/dlocal_{c-1} = lambda_c,   dL/da = sum_c conj(H_{c-1}) lambda_c
+    (gradients of complex tensors in PyTorch's convention: the conjugate Wirtinger derivative)."""
+
+    @staticmethod
+    def forward(ctx, local, across):
+        incoming = torch.zeros_like(local)
+        for c in range(1, local.shape[-2]):
+            torch.addcmul(local[..., c - 1, :], across, incoming[..., c - 1, :], out=incoming[..., c, :])
+        ctx.save_for_backward(incoming, across)
+        return incoming
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        incoming, across = ctx.saved_tensors
+        grad_local = torch.zeros_like(incoming)
+        adjoint = torch.zeros_like(incoming[..., 0, :])
+        back = across.conj()
+        for c in range(incoming.shape[-2] - 1, 0, -1):
+            adjoint = torch.addcmul(grad[..., c, :], back, adjoint)
+            grad_local[..., c - 1, :] = adjoint
+        grad_across = (incoming.conj() * grad_local).sum(dim=(0, 1, 2))
+        return grad_local, grad_across
 
 
 def _lag_matrix(powers, Q: int, causal: bool):
@@ -95,15 +147,15 @@ def _lag_matrix(powers, Q: int, causal: bool):
 
 def _intra_per_sequence(xc, powers, C, mask, causal: bool):
     """One Toeplitz kernel per sequence and channel: K[b, d, i, j] = sum_k mask[b, k] Re(C[k, d] a_k^{|i-j|})."""
-    Q = xc.shape[2]
-    lags = _lag_matrix(powers, Q, causal)  # (S, Q, Q)
+    B, D, n_chunks, Q = xc.shape
+    lags = _lag_matrix(powers, Q, causal).flatten(1)  # (S, Q*Q)
     weights = mask[:, :, None] * C  # (B, S, D) complex
-    kernel = torch.einsum("bkd,kij->bdij", weights.real, lags.real) - torch.einsum("bkd,kij->bdij", weights.imag, lags.imag)
-    return torch.einsum("bdij,bcjd->bcid", kernel, xc)
+    kernel = torch.cat([weights.real, -weights.imag], dim=1).transpose(1, 2) @ torch.cat([lags.real, lags.imag])
+    return xc @ kernel.view(B, D, Q, Q).transpose(2, 3)  # y[., c, i] = sum_j x[., c, j] K[i, j]
 
 
 def _intra_per_position(xc, powers, C, m, causal: bool):
-    lags = _lag_matrix(powers, xc.shape[2], causal)
+    lags = _lag_matrix(powers, xc.shape[-1], causal)
     S = lags.shape[0]
     step = node_group_size(S)
     y = torch.zeros_like(xc)
@@ -114,8 +166,9 @@ def _intra_per_position(xc, powers, C, m, causal: bool):
 
 
 def _node_group_intra(xc, lags, C, m):
-    """sum_{k in group} m[., i, k] Re(C_k sum_j a_k^{|i-j|} x_j): the group's chunk products, (B, n_chunks, g, Q, D)."""
-    u_r = torch.einsum("kij,bcjd->bckid", lags.real, xc)
-    u_i = torch.einsum("kij,bcjd->bckid", lags.imag, xc)
-    readout = C.real[:, None, :] * u_r - C.imag[:, None, :] * u_i
-    return torch.einsum("bcik,bckid->bcid", m, readout)
+    """sum_{k in group} m[b, c, i, k] Re(C_k[d] sum_j a_k^{|i-j|} x[b, d, c, j]): the group's chunk products
+    (B, D, n_chunks, g, Q) exist only inside this function."""
+    g, Q = lags.shape[:2]
+    products = (xc @ torch.cat([lags.real, lags.imag]).flatten(0, 1).T).unflatten(-1, (2, g, Q))
+    readout = C.real.T[None, :, None, :, None] * products[..., 0, :, :] - C.imag.T[None, :, None, :, None] * products[..., 1, :, :]
+    return (readout * m.permute(0, 1, 3, 2)[:, None]).sum(dim=-2)
