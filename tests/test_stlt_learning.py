@@ -11,15 +11,9 @@ import torch.nn.functional as F
 from pydoc_data.topics import topics
 
 from models import build_model
+from tests.stlt_fixtures import one_thread  # noqa: F401
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tensors this small gain nothing from intra-op threads, and on a busy machine the thread hand-offs cost ~10x.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def validation_bigram_entropy(tokens: torch.Tensor, vocab: int) -> float:

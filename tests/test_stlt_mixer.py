@@ -11,6 +11,9 @@ from torch.utils._pytree import tree_flatten
 from models import ConfigError, build_model
 from models.stlt import STLTMixer, stlt_mix
 from models.stlt import mixer as mixer_module
+from tests.stlt_fixtures import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_mixer(causal, S=6, dim=12, seed=0, **kwargs):

@@ -1,8 +1,6 @@
 """The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (chunked) backend against
 the reference forward and backward, its memory audit, and input errors. The Triton backend: tests/test_stlt_triton.py."""
 
-import math
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -10,19 +8,9 @@ from torch.utils._pytree import tree_flatten
 
 from models.stlt import stlt_mix
 from models.stlt.chunked import stlt_mix_chunked
+from tests.stlt_fixtures import make_inputs, one_thread  # noqa: F401
 
-
-def make_inputs(B, N, D, S, *, per_position, dtype=torch.float64, seed=0):
-    """Random op inputs with decays from fast to slow (|a| up to ~0.99) and frequencies up to Nyquist."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, N, D, generator=g, dtype=dtype)
-    sigma = torch.rand(S, generator=g, dtype=dtype) * 0.5 + 1e-3
-    omega = (torch.rand(S, generator=g, dtype=dtype) * 2 - 1) * math.pi
-    T = torch.tensor(12.0, dtype=dtype)
-    C = torch.randn(S, D, generator=g, dtype=dtype) + 1j * torch.randn(S, D, generator=g, dtype=dtype)
-    mask_shape = (B, N, S) if per_position else (B, S)
-    mask = torch.rand(mask_shape, generator=g, dtype=dtype)
-    return [t.requires_grad_() for t in (x, sigma, omega, T, C, mask)]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mix_and_grads(inputs, grad_out, **kwargs):

@@ -15,9 +15,9 @@ import pytest  # noqa: E402
 
 from models.stlt import stlt_mix  # noqa: E402
 from models.stlt.triton_op import stlt_mix_triton  # noqa: E402
-from tests.test_stlt_op import make_inputs  # noqa: E402
+from tests.stlt_fixtures import make_inputs, one_thread  # noqa: E402, F401
 
-pytestmark = pytest.mark.triton
+pytestmark = [pytest.mark.triton, pytest.mark.usefixtures("one_thread")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("x", "sigma", "omega", "T", "C", "mask")
 
