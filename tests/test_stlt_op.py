@@ -1,4 +1,4 @@
-"""The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (chunked) backend against
+"""The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (FFT) backend against
 the reference forward and backward, its memory audit, and input errors. The Triton backend: tests/test_stlt_triton.py."""
 
 import pytest
@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from models.stlt import stlt_mix
-from models.stlt.chunked import stlt_mix_chunked
+from models.stlt import fftconv
 from tests.stlt_fixtures import make_inputs, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -113,17 +113,30 @@ def test_torch_backend_never_materialises_B_N_S_D(causal, per_position):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("per_position", [False, True])
-@pytest.mark.parametrize(("N", "chunk"), [(16, 4), (23, 4), (9, 8), (5, 1)])
-def test_chunked_scan_across_many_chunks(causal, per_position, N, chunk):
-    """Chunk sizes that leave full, partial and single-position chunks, carried in both directions."""
-    inputs = make_inputs(2, N, 3, 5, per_position=per_position, seed=N + chunk)
-    grad_out = torch.randn(2, N, 3, dtype=torch.float64)
-    y_ref, g_ref = mix_and_grads(inputs, grad_out, delta=0.9, causal=causal, backend="reference")
-    y = stlt_mix_chunked(*inputs, delta=0.9, causal=causal, chunk=chunk)
-    grads = torch.autograd.grad(y, inputs, grad_out)
+def test_torch_backend_in_channel_blocks_and_node_groups(causal, per_position, monkeypatch):
+    """Cache budgets small enough to split 10 channels in blocks of 8 (one partial) and 23 nodes in groups of 3."""
+    monkeypatch.setattr(fftconv, "CHANNEL_BLOCK_NUMBERS", 1)
+    monkeypatch.setattr(fftconv, "NODE_GROUP_NUMBERS", 2 * 8 * 32 * 3)
+    assert fftconv.channel_block(2, 10, 32) == 8 and fftconv.node_group_size(2, 23, 10, 8, 32) == 3
+    inputs = make_inputs(2, 13, 10, 23, per_position=per_position, seed=11)
+    grad_out = torch.randn(2, 13, 10, dtype=torch.float64)
+    y_ref, g_ref = mix_and_grads(inputs, grad_out, causal=causal, backend="reference")
+    y, grads = mix_and_grads(inputs, grad_out, causal=causal, backend="torch")
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     for got, ref in zip(grads, g_ref):
         torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_fft_size_is_smallest_5_smooth_at_least_n():
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for n in range(1, 400):
+        size = fftconv.fft_size(n)
+        assert size >= n and smooth(size) and not any(smooth(m) for m in range(n, size))
 
 
 @pytest.mark.parametrize(

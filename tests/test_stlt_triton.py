@@ -80,7 +80,7 @@ def test_triton_runs_in_forward_and_backward(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the triton backend fell back to a torch path")
 
-    monkeypatch.setattr(op, "stlt_mix_chunked", forbidden)
+    monkeypatch.setattr(op, "stlt_mix_fft", forbidden)
     monkeypatch.setattr(op, "stlt_mix_reference", forbidden)
     counts = {}
     names = ["_chunk_state_kernel", "_chunk_carry_kernel", "_forward_readout_kernel", "_backward_readout_kernel"]

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from models.stlt.chunked import stlt_mix_chunked
+from models.stlt.fftconv import stlt_mix_fft
 from models.stlt.naive import stlt_mix_reference
 
 BACKENDS = ("auto", "reference", "torch", "triton")
@@ -19,7 +19,7 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
     x: real (B, N, D); sigma, omega: real (S,) effective values; T: real scalar (tensor or number); C: complex (S, D);
     mask: real (B, S) (one per sequence) or (B, N, S) (per position). Returns y, real (B, N, D), in x's dtype.
 
-    backend: "reference" (the O(N^2) definition, tests only), "torch" (chunked scan, any device), "triton" (fused
+    backend: "reference" (the O(N^2) definition, tests only), "torch" (FFT convolution, any device), "triton" (fused
     kernels, CUDA, or the CPU interpreter with TRITON_INTERPRET=1), "auto" (triton on CUDA tensors, torch otherwise).
     All backends are differentiable in every argument and agree with each other.
     """
@@ -38,7 +38,7 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
     args = (x.to(dtype), sigma.to(dtype), omega.to(dtype), T.to(dtype), C.to(cdtype), mask.to(dtype))
-    fn = stlt_mix_reference if backend == "reference" else stlt_mix_chunked
+    fn = stlt_mix_reference if backend == "reference" else stlt_mix_fft
     return fn(*args, delta=delta, causal=causal).to(x.dtype)
 
 
