@@ -125,9 +125,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         samples = tokens = batches = 0
         started = time.perf_counter()
-        for batch in task_data.train_batches(
+        stream = _Timed(task_data.train_batches(
             train_shard, batch_size=plan.batch_per_worker, epoch=epoch, seed=spec.seed, device=device
-        ):
+        ))
+        for batch in stream:
             if batches == steps_per_epoch:
                 break
             raw.set_training_step(step, total_steps)
@@ -157,6 +158,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "lr": optimizer.param_groups[0]["lr"] / optimizer.param_groups[0]["lr_scale"],
             "samples_per_s": counts[2].item() / elapsed,
             "num_params": num_params,
+            "data_wait_s": stream.wait,  # rank 0's time blocked on its data stream while training
         }
         if lm:
             metrics["tokens_per_s"] = counts[3].item() / elapsed
@@ -172,9 +174,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
             return
 
         geometry_due = spec.geometry.due(epoch, spec.epochs)
+        evaluated = time.perf_counter()
         evaluation = _evaluate(raw, task_data, val_shard, spec, plan, device, autocast, world, rank,
                                geometry=geometry_due, top_targets=top_targets)
         metrics.update(evaluation.metrics)
+        metrics.update(train_s=elapsed, eval_s=time.perf_counter() - evaluated)
         metrics.update(raw.mixer_stats())
         history.append(metrics)
         if logger is not None:
@@ -182,6 +186,23 @@ def train_loop_per_worker(loop_config: dict) -> None:
             if evaluation.pictures is not None:
                 _log_pictures(logger, evaluation, epoch, spec, lm)
         _report(metrics, {**metrics, "mlflow_run_id": run_id}, raw, optimizer, scheduler, epoch, step, history, rank)
+
+
+class _Timed:
+    """An iterator that adds up the time spent waiting for its next item."""
+
+    def __init__(self, iterable):
+        self.iterator, self.wait = iter(iterable), 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        started = time.perf_counter()
+        try:
+            return next(self.iterator)
+        finally:
+            self.wait += time.perf_counter() - started
 
 
 def _report(metrics, reported, raw, optimizer, scheduler, epoch, step, history, rank) -> None:
