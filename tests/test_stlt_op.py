@@ -1,5 +1,5 @@
 """The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (FFT) backend against
-the reference forward and backward, its memory audit, and input errors. The Triton backend: tests/test_stlt_triton.py."""
+the reference forward and backward, its memory audit, and input errors (Triton backend: tests/test_stlt_triton.py)."""
 
 import pytest
 import torch

@@ -26,7 +26,8 @@ class STLTConfig(BaseModel):
 
     stlt_nodes: int = Field(32, ge=1, le=1024, **_allowed("an integer in 1..1024"))
     stlt_delta: float = Field(1.0, gt=0, **_allowed("a number > 0"))
-    stlt_T_init: Literal["auto"] | float = Field("auto", **_allowed("'auto' (max(4, sequence length / 16)) or a number >= 4"))
+    stlt_T_init: Literal["auto"] | float = Field(
+        "auto", **_allowed("'auto' (max(4, sequence length / 16)) or a number >= 4"))
     stlt_lambda_omega: float = Field(0.01, ge=0, **_allowed("a number >= 0"))
     stlt_lambda_sigma: float = Field(0.1, ge=0, **_allowed("a number >= 0"))
     stlt_lambda_mask: float = Field(0.05, ge=0, **_allowed("a number >= 0"))

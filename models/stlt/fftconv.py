@@ -23,7 +23,6 @@ import torch
 from torch.autograd.function import once_differentiable
 
 
-
 def fft_size(n: int) -> int:
     """Smallest 5-smooth integer >= n (the sizes FFT libraries are fastest at)."""
     best = 1 << max(n - 1, 0).bit_length()
@@ -45,6 +44,7 @@ CHANNEL_BLOCK_NUMBERS, NODE_GROUP_NUMBERS = 2**18, 2**20
 
 
 def channel_block(B: int, D: int, n_fft: int) -> int:
+    """Channels per block: spectra of about CHANNEL_BLOCK_NUMBERS numbers, at least 8 channels."""
     return max(1, min(D, max(8, CHANNEL_BLOCK_NUMBERS // (B * n_fft))))
 
 

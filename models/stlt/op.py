@@ -30,7 +30,7 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
         backend = "triton" if x.is_cuda else "torch"
     if backend == "triton":
         if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 for Triton's CPU interpreter)")
+            raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1, Triton's CPU interpreter)")
         from models.stlt.triton_op import stlt_mix_triton
 
         return stlt_mix_triton(x, sigma, omega, T, C, mask, delta=delta, causal=causal)

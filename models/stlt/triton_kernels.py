@@ -196,7 +196,8 @@ def _backward_readout_kernel(
     SUBTRACT_INPUT: tl.constexpr, ACCUMULATE: tl.constexpr,
 ):
     """Rescan a chunk of the order-2 scan of u = mask * G from its incoming state and reduce it into
-    dx (B, N, D) (+=), the chunk's dC partial (B, n_chunks, 2, S, D) and its dlog_a partial (B, n_chunks, D blocks, 2, S).
+    dx (B, N, D) (+=), the chunk's dC partial (B, n_chunks, 2, S, D) and its dlog_a partial
+    (B, n_chunks, D blocks, 2, S).
     SUBTRACT_INPUT removes u_n from U_n in dx and dC (the bilateral adjoint counts u_n twice); the a-gradient uses
     UU - U, which already excludes the zero lag."""
     chunk = tl.program_id(0)

@@ -1,0 +1,238 @@
+"""STLT mix: the fast paths against the write-up's per-token loop and against SDPA attention of the same width.
+
+Forward + backward of the core op (gradients for x, sigma, omega, T, C and the mask), measured side by side in one
+run; prints one JSON object.
+
+CPU (default; D = 256, S = 32, B = 1, bilateral with one mask per sequence, the ViT case):
+- ``speedup_vs_loop_4096``: the write-up's per-token ``bilateral_scan`` loop (seed 003; its in-place writes replaced
+  by a list and one stack, which only helps it: autograd of ``buf[:, n] = state`` copies the whole buffer at every
+  step) over the torch path at N = 4096. Target >= 100.
+- ``scaling_16384_over_4096``: t(16384) / t(4096) of the torch path. Target <= 4.4 (linear: 4; the FFT's
+  N log N alone gives 4.6, before the memory hierarchy has its say).
+- ``crossover_n``: the smallest N from which the torch path beats SDPA attention (4 heads of 64, no mask) at every
+  measured N. Target <= 2048.
+  The per-position-mask path (the causal GPT case) is timed alongside for the same ratios.
+
+On a shared machine, ``--threads 1`` keeps other processes from stalling intra-op thread hand-offs.
+
+CUDA (``--device cuda``; B = 4, D = 1024, S = 32): the Triton kernels against SDPA (16 heads of 64, bf16 and fp32)
+at N = 4k..32k, with achieved FLOP/s and memory bandwidth against the GPU's peaks. Target: >= 5x SDPA at 32k.
+FLOPs and bytes of the STLT kernels are counted from what the kernels execute (models/stlt/triton_kernels.py),
+SDPA's from its matmuls (forward 4 B N^2 D, backward 2.5x forward, as flash attention recomputes scores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from models.stlt import stlt_mix
+
+S_NODES = 32
+
+
+def make_stlt_inputs(B, N, D, device, *, per_position: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, N, D, generator=g)
+    sigma = torch.logspace(-3, 1, S_NODES)
+    omega = torch.rand(S_NODES, generator=g) * math.pi
+    T = torch.tensor(max(4.0, N / 16))
+    C = torch.complex(torch.randn(S_NODES, D, generator=g), torch.randn(S_NODES, D, generator=g)) / S_NODES
+    mask = torch.rand((B, N, S_NODES) if per_position else (B, S_NODES), generator=g)
+    return [t.to(device).requires_grad_() for t in (x, sigma, omega, T, C, mask)]
+
+
+def stlt_case(B, N, D, device, *, causal: bool, backend: str = "auto"):
+    inputs = make_stlt_inputs(B, N, D, device, per_position=causal)
+
+    def run():
+        y = stlt_mix(*inputs, causal=causal, backend=backend)
+        torch.autograd.grad(y.sum(), inputs)
+
+    return run
+
+
+def write_up_loop_case(B, N, D):
+    """The write-up's bilateral_scan: one Python step per token and direction over (B, S, D) complex states, the
+    window folded into the decay as the design says, then the masked readout by C."""
+    x, sigma, omega, T, C, mask = make_stlt_inputs(B, N, D, "cpu", per_position=False)
+
+    def bilateral_scan(x, s, T, delta_t=1.0):
+        decay = torch.exp(-(s + 1 / T) * delta_t)[:, None]  # (S, 1), window included
+        state = torch.zeros(x.shape[0], len(s), x.shape[2], dtype=torch.complex64)
+        forward = []
+        for n in range(x.shape[1]):
+            state = state * decay + x[:, n, None]
+            forward.append(state)
+        state = torch.zeros_like(state)
+        backward = [None] * x.shape[1]
+        for n in reversed(range(x.shape[1])):
+            state = state * decay + x[:, n, None]
+            backward[n] = state
+        return torch.stack(forward, 1) + torch.stack(backward, 1) - x[:, :, None]
+
+    def run():
+        s = torch.complex(sigma, omega)
+        L = bilateral_scan(x, s, T)
+        y = torch.einsum("bk,bnkd->bnd", mask, (C * L).real)
+        torch.autograd.grad(y.sum(), [x, sigma, omega, T, C, mask])
+
+    return run
+
+
+def sdpa_case(B, N, D, heads, device, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, heads, N, D // heads, generator=g).to(device, dtype).requires_grad_() for _ in range(3))
+
+    def run():
+        out = F.scaled_dot_product_attention(q, k, v)
+        torch.autograd.grad(out.sum(), [q, k, v])
+
+    return run
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved_medians(cases: dict, device: str, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each case, run round-robin so drifts in machine load hit all alike."""
+    for fn in cases.values():
+        fn()
+    samples = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def cpu_report(repeats: int) -> dict:
+    D, B = 256, 1
+    report = {"device": "cpu", "threads": torch.get_num_threads(), "D": D, "S": S_NODES, "B": B}
+    loop_run = write_up_loop_case(B, 4096, D)
+    write_up_loop_case(B, 64, D)()  # warm-up of the loop's ops
+    loop_times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        loop_run()
+        loop_times.append(time.perf_counter() - start)
+    fast = interleaved_medians({f"{kind}_{n}": stlt_case(B, n, D, "cpu", causal=kind == "causal")
+                                for n in (4096, 16384) for kind in ("bilateral", "causal")}, "cpu", repeats)
+    report["seconds"] = {"write_up_loop_4096": round(statistics.median(loop_times), 4),
+                         **{f"torch_{k}": round(v, 5) for k, v in fast.items()}}
+    report["speedup_vs_loop_4096"] = round(statistics.median(loop_times) / fast["bilateral_4096"], 1)
+    report["speedup_vs_loop_4096_causal_path"] = round(statistics.median(loop_times) / fast["causal_4096"], 1)
+    report["scaling_16384_over_4096"] = round(fast["bilateral_16384"] / fast["bilateral_4096"], 2)
+    report["scaling_16384_over_4096_causal_path"] = round(fast["causal_16384"] / fast["causal_4096"], 2)
+
+    crossover = {}
+    for n in (256, 512, 1024, 2048, 4096):
+        t = interleaved_medians({"stlt": stlt_case(B, n, D, "cpu", causal=False),
+                                 "stlt_causal": stlt_case(B, n, D, "cpu", causal=True),
+                                 "sdpa": sdpa_case(B, n, D, 4, "cpu")}, "cpu", repeats)
+        crossover[n] = {name: round(v, 5) for name, v in t.items()}
+    report["vs_sdpa_seconds"] = {str(n): v for n, v in crossover.items()}
+    for key, name in (("crossover_n", "stlt"), ("crossover_n_causal_path", "stlt_causal")):
+        faster = [n for n, v in crossover.items() if v[name] < v["sdpa"]]
+        # The smallest N from which STLT wins at every larger measured N (None if it never does).
+        report[key] = next((n for n in crossover if all(m in faster for m in crossover if m >= n)), None)
+    report["targets"] = {
+        "speedup_vs_loop_4096": {"value": report["speedup_vs_loop_4096"], "target": ">= 100",
+                                 "met": report["speedup_vs_loop_4096"] >= 100},
+        "scaling_16384_over_4096": {"value": report["scaling_16384_over_4096"], "target": "<= 4.4",
+                                    "met": report["scaling_16384_over_4096"] <= 4.4},
+        "crossover_n": {"value": report["crossover_n"], "target": "<= 2048",
+                        "met": report["crossover_n"] is not None and report["crossover_n"] <= 2048},
+    }
+    return report
+
+
+# Dense peaks of GPUs we expect to meet: (fp32 FLOP/s without tensor cores, bf16 tensor-core FLOP/s, HBM bytes/s).
+GPU_PEAKS = {
+    "H200": (67e12, 989e12, 4.8e12),
+    "H100 SXM": (67e12, 989e12, 3.35e12),
+    "H100 PCIe": (51e12, 756e12, 2.0e12),
+    "A100": (19.5e12, 312e12, 2.0e12),
+    "L40S": (91.6e12, 362e12, 0.864e12),
+    "A10": (31.2e12, 125e12, 0.6e12),
+}
+
+
+def gpu_peaks(name: str):
+    for key in sorted(GPU_PEAKS, key=len, reverse=True):
+        if all(part in name for part in key.split()):
+            return key, GPU_PEAKS[key]
+    return None, None
+
+
+def stlt_kernel_work(B, N, D, S, chunk=64):
+    """FLOPs and bytes the Triton kernels execute for one bilateral forward + backward with a per-sequence mask.
+
+    Per (position, node, channel): an order-1 scan step is 8 FLOPs (complex multiply-add), order 2 is 16; the fused
+    forward readout 4, the backward readout (dx, dC, d log a accumulation) 12; each scan runs twice (chunk states,
+    then the rescan). Bytes: every pass reads its (B, N, D) inputs and writes its (B, N, D) output once, plus the
+    chunk states (B, N/chunk, S, D, components) written and read three times."""
+    elems = B * N * S * D
+    fwd = 2 * (2 * 8 + 4) * elems
+    bwd = 2 * (2 * 16 + 12) * elems + 2 * (2 * 8 + 4) * elems
+    token_bytes = B * N * D * 4
+    state_bytes = lambda comps: B * math.ceil(N / chunk) * S * D * comps * 4 * 3  # noqa: E731
+    fwd_bytes = 2 * (2 * token_bytes + state_bytes(2))
+    bwd_bytes = 2 * (3 * token_bytes + state_bytes(4) + state_bytes(2)) + 2 * (3 * token_bytes + state_bytes(2))
+    return fwd + bwd, fwd_bytes + bwd_bytes
+
+
+def cuda_report(repeats: int) -> dict:
+    B, D, S, heads = 4, 1024, S_NODES, 16
+    name = torch.cuda.get_device_name()
+    peak_name, peaks = gpu_peaks(name)
+    report = {"device": name, "peaks_from": peak_name, "B": B, "D": D, "S": S, "heads": heads, "shapes": {}}
+    for n in (4096, 8192, 16384, 32768):
+        t = interleaved_medians({"stlt_triton": stlt_case(B, n, D, "cuda", causal=False, backend="triton"),
+                                 "sdpa_bf16": sdpa_case(B, n, D, heads, "cuda", torch.bfloat16),
+                                 "sdpa_fp32": sdpa_case(B, n, D, heads, "cuda", torch.float32)}, "cuda", repeats)
+        stlt_flops, stlt_bytes = stlt_kernel_work(B, n, D, S)
+        sdpa_flops = 3.5 * 4 * B * n * n * D
+        entry = {
+            "seconds": {k: round(v, 6) for k, v in t.items()},
+            "speedup_vs_sdpa_bf16": round(t["sdpa_bf16"] / t["stlt_triton"], 2),
+            "speedup_vs_sdpa_fp32": round(t["sdpa_fp32"] / t["stlt_triton"], 2),
+            "stlt_tflops": round(stlt_flops / t["stlt_triton"] / 1e12, 2),
+            "stlt_bandwidth_tb_s": round(stlt_bytes / t["stlt_triton"] / 1e12, 3),
+            "sdpa_bf16_tflops": round(sdpa_flops / t["sdpa_bf16"] / 1e12, 1),
+        }
+        if peaks:
+            entry["stlt_fraction_of_fp32_peak"] = round(stlt_flops / t["stlt_triton"] / peaks[0], 3)
+            entry["stlt_fraction_of_bandwidth_peak"] = round(stlt_bytes / t["stlt_triton"] / peaks[2], 3)
+            entry["sdpa_bf16_fraction_of_peak"] = round(sdpa_flops / t["sdpa_bf16"] / peaks[1], 3)
+        report["shapes"][str(n)] = entry
+    speedup = report["shapes"]["32768"]["speedup_vs_sdpa_bf16"]
+    report["targets"] = {"speedup_vs_sdpa_bf16_32k": {"value": speedup, "target": ">= 5", "met": speedup >= 5}}
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = cuda_report(args.repeats) if args.device == "cuda" else cpu_report(args.repeats)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
