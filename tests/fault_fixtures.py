@@ -16,9 +16,9 @@ import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,39 +148,81 @@ def run_lapstudy(args: list, env: dict, timeout: float, cwd: Path | None = None)
                           text=True, timeout=timeout)
 
 
-def process_tree(pid: int) -> list[psutil.Process]:
-    """The process and all its descendants as psutil handles (pid + start time: safe to kill later even if the pid
-    were reused)."""
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
+@dataclass(frozen=True)
+class Proc:
+    """A process recorded by pid and start time (from /proc), so a later kill cannot hit a reused pid."""
 
+    pid: int
+    start: int
+    name: str
 
-def kill_recorded(processes: list[psutil.Process], timeout: float = 20.0) -> list[str]:
-    """SIGKILL every recorded process still alive; returns what had to be killed (name and pid)."""
-    alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    killed = []
-    for process in alive:
+    @staticmethod
+    def read(pid: int) -> "Proc | None":
         try:
-            killed.append(f"{process.name()}[{process.pid}]")
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=timeout)
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        return Proc(pid, int(rest[19]), name) if rest[0] != "Z" else None  # field 22: starttime; Z: zombie
+
+    def alive(self) -> bool:
+        now = Proc.read(self.pid)
+        return now is not None and now.start == self.start
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return parents
+
+
+def process_tree(pid: int) -> list[Proc]:
+    """The process and all its live descendants, recorded (pid + start time)."""
+    parents = _parents()
+    tree, frontier = [pid], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        tree += children
+        frontier = children
+    return [p for p in map(Proc.read, tree) if p is not None]
+
+
+def kill_recorded(processes: list[Proc], timeout: float = 20.0) -> list[str]:
+    """SIGKILL every recorded process still alive (same pid and start time); returns what had to be killed."""
+    killed = []
+    for process in processes:
+        if process.alive():
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+                killed.append(f"{process.name}[{process.pid}]")
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout
+    while any(p.alive() for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return killed
 
 
-def processes_using(marker: str) -> list[psutil.Process]:
+def processes_using(marker: str) -> list[Proc]:
     """Live processes whose command line mentions `marker` (a private temp folder): what a test left behind."""
     found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if process.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(process.info["cmdline"] or ()):
-                found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            process = Proc.read(int(entry.name))
+            if process is not None and process.pid != os.getpid():
+                found.append(process)
     return found
 
 
@@ -202,9 +244,19 @@ def private_ray_tmp(prefix: str = "lsf"):
 
 
 def tune_results(study_dir: Path) -> dict[str, list[dict]]:
-    """Every result Tune recorded, per trial id, in order (the trials' `result.json` in the study folder)."""
+    """Every result Tune recorded, per trial id, in order: the trials' `result.json` in the study folder (what a
+    resume starts from; Tune copies its records there from its staging folder every few seconds)."""
+    return _read_results(Path(study_dir).glob("*/result.json"))
+
+
+def live_results(ray_tmp: Path, study: str) -> dict[str, list[dict]]:
+    """The same records as Tune writes them, in its staging folder inside the Ray session (up to date)."""
+    return _read_results(Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/*/result.json"))
+
+
+def _read_results(paths) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {}
-    for path in sorted(Path(study_dir).glob("trial_driver_*/result.json")):
+    for path in sorted(paths):
         rows = []
         for line in path.read_text().splitlines():
             try:
@@ -216,9 +268,9 @@ def tune_results(study_dir: Path) -> dict[str, list[dict]]:
     return results
 
 
-def reported_epochs(study_dir: Path) -> dict[str, int]:
-    """The last epoch each trial reported to Tune so far."""
-    return {trial: max(int(r.get("epoch", 0)) for r in rows) for trial, rows in tune_results(study_dir).items()}
+def reported_epochs(results: dict[str, list[dict]]) -> dict[str, int]:
+    """The last epoch each trial reported."""
+    return {trial: max(int(r.get("epoch", 0)) for r in rows) for trial, rows in results.items()}
 
 
 def mlflow_runs(tracking_uri: str, experiment: str) -> dict[str, list[dict]]:

@@ -1,0 +1,221 @@
+"""Faults on a multi-node Ray cluster simulated on this machine (`ray.cluster_utils.Cluster`: a head node and two
+worker nodes sharing the study storage), with the study driver as a `lapstudy run --address` subprocess:
+
+- a worker node lost while a trial's Train worker, pinned to it by a custom resource, is training (a preempted spot
+  machine; the replacement node the autoscaler would start is added by the test);
+- the MLflow tracking server lost mid-study (a real `mlflow server`, SIGKILLed, later back on the same store), with
+  credentials in the tracking URI and a hub token in the environment that must not reach any exported file.
+
+One cluster serves both tests (start-up is the expensive part).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from fault_fixtures import (
+    Lapstudy,
+    epoch_steps,
+    free_port,
+    live_results,
+    mlflow_runs,
+    mlflow_server,
+    private_ray_tmp,
+    reported_epochs,
+    run_lapstudy,
+    study_env,
+    tiny_space,
+    tune_results,
+    wait_for,
+    write_space,
+)
+
+pytestmark = pytest.mark.slow
+
+SPOT = "fault_spot"  # the custom resource of the worker node that gets preempted (and of its replacement)
+NODE_LOSS_EPOCHS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (trial drivers: it holds the `lapstudy_driver` resource, as in cluster.yaml), a spot worker node (the
+    Train workers' custom resource) and a second worker node (Ray Data and whatever else needs a CPU)."""
+    from ray.cluster_utils import Cluster
+
+    with private_ray_tmp("lsc") as ray_tmp:
+        patch = pytest.MonkeyPatch()
+        patch.setenv("RAY_TMPDIR", str(ray_tmp))  # Cluster() writes its sessions under $RAY_TMPDIR/ray
+        cluster = Cluster(shutdown_at_exit=False)
+        try:
+            cluster.add_node(num_cpus=1, resources={"lapstudy_driver": 1}, include_dashboard=True,
+                             dashboard_port=free_port())
+            spot = cluster.add_node(num_cpus=1, resources={SPOT: 1})
+            cluster.add_node(num_cpus=1)
+            cluster.wait_for_nodes()
+            yield SimpleNamespace(cluster=cluster, spot=spot, env=study_env(ray_tmp), ray_tmp=ray_tmp)
+        finally:
+            cluster.shutdown()
+            patch.undo()
+
+
+@pytest.fixture(scope="module")
+def node_loss(cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("node_loss")
+    space = write_space(root / "nodeloss.yaml", tiny_space(name="nodeloss", epochs=NODE_LOSS_EPOCHS))
+    study_dir = root / "studies" / "nodeloss"
+    study = Lapstudy(["run", space, "--storage", root / "studies", "--address", cluster.cluster.address,
+                      "--max-concurrent", "1", "--worker-resource", f"{SPOT}=1"], cluster.env, root / "study.log")
+    state = SimpleNamespace(study_dir=study_dir, tracking_uri=f"sqlite:///{study_dir / 'mlflow.db'}")
+    try:
+        def trial_at_epoch_two():
+            assert not study.finished(), "the study ended before the node was removed:\n" + study.log()
+            epochs = reported_epochs(live_results(cluster.ray_tmp, "nodeloss"))
+            return next(iter(epochs.items())) if epochs and max(epochs.values()) >= 2 else None
+
+        state.trial, state.seen = wait_for(trial_at_epoch_two, 240, "the first trial to report epoch 2")
+        state.removed_node_id = cluster.spot.node_id
+        state.removed_at = time.time()
+        cluster.cluster.remove_node(cluster.spot, allow_graceful=False)
+        # The autoscaler's replacement for the preempted machine (same node type, so same custom resource).
+        replacement = cluster.cluster.add_node(num_cpus=1, resources={SPOT: 1})
+        state.replacement_node_id = replacement.node_id
+        state.code = study.wait(360)
+        state.seconds_after_loss = time.time() - state.removed_at
+        state.log = study.log(20000)
+    finally:
+        study.close()
+    assert state.code == 0, state.log
+    state.tune = tune_results(study_dir)
+    state.mlflow = mlflow_runs(state.tracking_uri, "nodeloss")
+    return state
+
+
+def test_node_loss_trial_restarts_from_its_last_checkpoint(node_loss):
+    rows = node_loss.tune[node_loss.trial]
+    before = [r for r in rows if r["resumed_from_epoch"] == 0]
+    after = [r for r in rows if r["resumed_from_epoch"] > 0]
+    assert before and after, "the trial never restarted"
+    assert {r["worker_node_id"] for r in before} == {node_loss.removed_node_id}, "it trained on the removed node"
+    assert {r["worker_node_id"] for r in after} == {node_loss.replacement_node_id}
+    checkpoint_epoch = after[0]["resumed_from_epoch"]
+    last_before = before[-1]["epoch"]
+    assert node_loss.seen <= checkpoint_epoch <= last_before + 1
+    assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1"
+    # Ray's record of the trial: every epoch once, in order (what the lost worker did not report is re-run).
+    assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1))
+
+
+def test_node_loss_study_finishes_every_trial(node_loss):
+    from study.results import load_records
+
+    records = load_records(node_loss.study_dir)
+    assert len(records) == 2
+    assert [r.status for r in records] == ["completed", "completed"]
+    assert all(r.epochs_run == NODE_LOSS_EPOCHS for r in records)
+
+
+def test_node_loss_one_mlflow_run_per_trial_without_gaps(node_loss):
+    assert set(node_loss.mlflow) == set(node_loss.tune)
+    for trial, runs in node_loss.mlflow.items():
+        assert len(runs) == 1, f"trial {trial}: {len(runs)} MLflow runs"
+        (run,) = runs
+        for key in ("epoch", "train_loss", "val_loss", "val_acc"):
+            assert epoch_steps(run, key) == list(range(1, NODE_LOSS_EPOCHS + 1)), (trial, key, run["history"][key])
+        assert run["status"] == "FINISHED" and run["tags"]["lapstudy.status"] == "completed"
+
+
+# ---- the tracking server lost mid-study -----------------------------------------------------------------------------
+
+TRACKING_EPOCHS = 4
+HF_TOKEN = "hf_faultTestToken0123456789"
+PASSWORD = "s3cret-fault-pw"
+
+
+@pytest.fixture(scope="module")
+def tracking_lost(cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tracking")
+    port = free_port()
+    uri = f"http://lapuser:{PASSWORD}@127.0.0.1:{port}"
+    space = write_space(root / "tracking.yaml", tiny_space(name="tracking", epochs=TRACKING_EPOCHS))
+    study_dir = root / "studies" / "tracking"
+    env = {**cluster.env, "HF_TOKEN": HF_TOKEN}
+    state = SimpleNamespace(root=root, study_dir=study_dir, env=env, url=f"http://127.0.0.1:{port}")
+    with mlflow_server(root / "server", port, root / "server.log") as server:
+        study = Lapstudy(["run", space, "--storage", root / "studies", "--address", cluster.cluster.address,
+                          "--max-concurrent", "1", "--tracking-uri", uri], env, root / "study.log")
+        try:
+            def first_epoch():
+                assert not study.finished(), "the study ended early:\n" + study.log()
+                epochs = reported_epochs(live_results(cluster.ray_tmp, "tracking"))
+                return next(iter(epochs)) if epochs else None
+
+            state.first_trial = wait_for(first_epoch, 240, "the first epoch of the first trial")
+            server.stop()
+            state.stopped_at_epoch = reported_epochs(live_results(cluster.ray_tmp, "tracking"))[state.first_trial]
+
+            def second_trial_running():
+                assert not study.finished(), "the study ended while the server was away:\n" + study.log()
+                return len(live_results(cluster.ray_tmp, "tracking")) == 2
+
+            wait_for(second_trial_running, 240, "the second trial to report while the server is away")
+            server.start()
+            state.code = study.wait(300)
+            state.log = study.log(20000)
+        finally:
+            study.close()
+        state.mlflow = mlflow_runs(server.url, "tracking")
+    state.tune = tune_results(study_dir)
+    assert state.code == 0, state.log
+    return state
+
+
+def test_tracking_lost_training_goes_on_and_ray_keeps_every_result(tracking_lost):
+    from study.results import load_records
+
+    records = load_records(tracking_lost.study_dir)
+    assert [r.status for r in records] == ["completed", "completed"]
+    for trial, rows in tracking_lost.tune.items():
+        assert [r["epoch"] for r in rows] == list(range(1, TRACKING_EPOCHS + 1))
+        assert all(math.isfinite(r["val_acc"]) for r in rows)
+    assert tracking_lost.stopped_at_epoch < TRACKING_EPOCHS, "the server went away mid-trial"
+
+
+def test_tracking_back_mlflow_catches_up(tracking_lost):
+    """The run of the trial that was live when the server came back has every epoch (what it could not send was
+    kept and sent later); the trial that ended during the outage is recovered from Ray's records at the end."""
+    runs = tracking_lost.mlflow
+    assert set(runs) == set(tracking_lost.tune)
+    for trial, (run,) in ((t, r) for t, r in runs.items()):
+        assert epoch_steps(run, "val_acc") == list(range(1, TRACKING_EPOCHS + 1)), (trial, run["history"])
+        reported = {r["epoch"]: r["val_acc"] for r in tracking_lost.tune[trial]}
+        assert dict(run["history"]["val_acc"]) == pytest.approx(reported)
+        assert run["tags"]["lapstudy.status"] == "completed" and run["status"] == "FINISHED"
+
+
+def test_tracking_unreachable_at_start_is_refused(cluster, tmp_path):
+    space = write_space(tmp_path / "s.yaml", tiny_space(name="unreachable"))
+    done = run_lapstudy(["run", space, "--storage", tmp_path / "studies", "--address", cluster.cluster.address,
+                         "--tracking-uri", f"http://127.0.0.1:{free_port()}"], cluster.env, timeout=180)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--tracking-uri" in done.stderr
+    assert not (tmp_path / "studies").exists()
+
+
+def test_exported_configs_hold_no_secrets(tracking_lost, tmp_path):
+    out = tmp_path / "exported"
+    done = run_lapstudy(["export", tracking_lost.study_dir, "--top", "2", "--out", out], tracking_lost.env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    files = list(out.iterdir())
+    assert len(files) == 2
+    for path in files:
+        text = path.read_text()
+        assert PASSWORD not in text and HF_TOKEN not in text and "lapuser" not in text, path
+    # Nothing the study wrote as text carries them either (study.json, trial configs, Ray's trial records).
+    for path in tracking_lost.study_dir.rglob("*"):
+        if path.is_file() and path.suffix in {".json", ".yaml", ".txt", ".csv"}:
+            text = path.read_text(errors="replace")
+            assert PASSWORD not in text and HF_TOKEN not in text, path

@@ -1,0 +1,237 @@
+"""The study driver SIGKILLed mid-study, then `lapstudy run SPACE --resume`; a trial that diverges on the way.
+
+One study (three trials, one at a time, on the embedded default: local Ray, SQLite MLflow store in the study folder):
+1. a trial at learning rate 1e4: AdamW's decoupled weight decay at that rate multiplies the weights by about -500
+   per step, the loss is NaN by the third step (a real configuration, no test knob);
+2. a normal trial, during which the driver is SIGKILLed;
+3. a normal trial that only exists after the resume.
+The assertions read Ray's own records (the study folder), the MLflow store and the searcher's saved state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import signal
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from fault_fixtures import (
+    LAPSTUDY,
+    Lapstudy,
+    epoch_steps,
+    free_port,
+    kill_recorded,
+    live_results,
+    mlflow_runs,
+    private_ray_tmp,
+    process_tree,
+    run_lapstudy,
+    study_env,
+    tiny_space,
+    tree_digest,
+    tune_results,
+    wait_for,
+    write_space,
+)
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 6
+DIVERGING, KILLED, AFTER = 1.0e4, 1.0e-3, 2.0e-3
+SPACE = tiny_space(name="crash", epochs=EPOCHS, num_samples=3, points_to_evaluate=[
+    {"lr": DIVERGING, "k": 0}, {"lr": KILLED, "k": 0}, {"lr": AFTER, "k": 2}])
+
+
+def _trial_with_lr(results: dict, lr: float) -> str | None:
+    for trial_id, rows in results.items():
+        if math.isclose(rows[0]["config"]["lr"], lr):
+            return trial_id
+    return None
+
+
+@pytest.fixture(scope="module")
+def crash(tmp_path_factory):
+    root = tmp_path_factory.mktemp("crash")
+    space_path = write_space(root / "crash.yaml", SPACE)
+    storage = root / "studies"
+    study_dir = storage / "crash"
+    args = ["run", space_path, "--storage", storage, "--max-concurrent", "1"]
+    state = SimpleNamespace(root=root, space_path=space_path, storage=storage, study_dir=study_dir,
+                            tracking_uri=f"sqlite:///{study_dir / 'mlflow.db'}")
+    with private_ray_tmp() as ray_tmp:
+        env = study_env(ray_tmp)
+        state.env = env
+        first = Lapstudy(args, env, root / "first.log")
+        try:
+            def killed_trial_mid_way():
+                assert not first.finished(), "the study ended before the kill:\n" + first.log()
+                results = live_results(ray_tmp, "crash")
+                trial = _trial_with_lr(results, KILLED)
+                return trial if trial and max(r["epoch"] for r in results[trial]) >= 2 else None
+
+            state.killed_trial = wait_for(killed_trial_mid_way, 300, "the second trial to report epoch 2")
+            state.recorded = process_tree(first.pid)  # the driver and every Ray process it started
+            state.seen_at_kill = max(r["epoch"] for r in live_results(ray_tmp, "crash")[state.killed_trial])
+            os.kill(first.pid, signal.SIGKILL)
+            first.process.wait(30)
+        finally:
+            first.close()
+        state.tune_at_kill = tune_results(study_dir)
+        state.mlflow_at_kill = mlflow_runs(state.tracking_uri, "crash")
+        state.trials_at_kill = {p.name: p.read_bytes() for p in (study_dir / "trials").iterdir()}
+        # Ray's processes outlive their driver (some exit on their own within seconds, some never do).
+        time.sleep(5)
+        state.left_behind = kill_recorded(state.recorded[1:])
+
+        started = time.monotonic()
+        resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log")
+        try:
+            state.resume_code = resumed.wait(400)
+            state.resume_log = resumed.log(20000)
+        finally:
+            resumed.close()
+        state.resume_seconds = time.monotonic() - started
+    assert state.resume_code == 0, state.resume_log
+    state.tune = tune_results(study_dir)
+    state.mlflow = mlflow_runs(state.tracking_uri, "crash")
+    return state
+
+
+def test_resume_finishes_exactly_the_requested_trials(crash):
+    from study.results import load_records
+
+    records = load_records(crash.study_dir)
+    assert len(records) == 3
+    assert sorted(r.params["lr"] for r in records) == sorted([DIVERGING, KILLED, AFTER])
+    statuses = {r.params["lr"]: r.status for r in records}
+    assert statuses == {DIVERGING: "failed", KILLED: "completed", AFTER: "completed"}
+    assert all(r.epochs_run == EPOCHS for r in records if r.status == "completed")
+
+
+def test_trials_finished_before_the_kill_are_not_rerun(crash):
+    finished = [t for t, rows in crash.tune_at_kill.items() if t != crash.killed_trial]
+    assert finished, "a trial should have finished before the kill"
+    for trial in finished:
+        assert crash.tune[trial] == crash.tune_at_kill[trial], f"trial {trial} reported again after the resume"
+        assert crash.mlflow[trial] == crash.mlflow_at_kill[trial], f"trial {trial}'s MLflow run changed"
+        name = f"{trial}.yaml"
+        assert (crash.study_dir / "trials" / name).read_bytes() == crash.trials_at_kill[name]
+
+
+def test_interrupted_trial_resumes_from_its_checkpoint(crash):
+    rows = crash.tune[crash.killed_trial]
+    resumed = [r for r in rows if r["resumed_from_epoch"] > 0]
+    assert resumed, "the interrupted trial did not resume from a checkpoint"
+    checkpoint_epoch = resumed[0]["resumed_from_epoch"]
+    assert resumed[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the resume = checkpoint epoch + 1"
+    assert [r["epoch"] for r in resumed] == list(range(checkpoint_epoch + 1, EPOCHS + 1))
+    # The rank-0 worker logs an epoch to MLflow just before it reports that epoch's checkpoint: the checkpoint the
+    # trial resumed from is the last epoch MLflow had at the kill, or the one before it; and at least what Tune saw.
+    (run,) = crash.mlflow_at_kill[crash.killed_trial]
+    logged = max(epoch_steps(run))
+    assert logged < EPOCHS, "the trial had finished before the kill: nothing was interrupted"
+    assert logged - 1 <= checkpoint_epoch <= logged
+    assert checkpoint_epoch >= crash.seen_at_kill >= 2
+    # Tune keeps no log of a trial it restarts without a Tune checkpoint: its rows start at the resumed epoch (the
+    # epochs before are in MLflow, below, and in the trial's checkpoints).
+    assert rows == resumed
+
+
+def test_one_mlflow_run_per_trial_with_complete_histories(crash):
+    assert set(crash.mlflow) == set(crash.tune), "every trial has a run and every run a trial"
+    for trial, runs in crash.mlflow.items():
+        assert len(runs) == 1, f"trial {trial} has {len(runs)} MLflow runs"
+    killed = crash.mlflow[crash.killed_trial][0]
+    assert killed["run_id"] == crash.mlflow_at_kill[crash.killed_trial][0]["run_id"], "resume made a new run"
+    for trial, (run,) in crash.mlflow.items():
+        if math.isclose(float(run["params"]["lr"]), DIVERGING):
+            continue
+        for key in ("epoch", "train_loss", "val_loss", "val_acc", "lr"):
+            assert [s for s, _ in run["history"][key]] == list(range(1, EPOCHS + 1)), (trial, key, run["history"][key])
+        assert run["status"] == "FINISHED" and run["tags"]["lapstudy.status"] == "completed"
+        # The history the run shows is the one Ray recorded, epoch by epoch (for the resumed trial: from the resume).
+        history = dict(run["history"]["val_acc"])
+        for row in crash.tune[trial]:
+            assert history[row["epoch"]] == pytest.approx(row["val_acc"]), (trial, row["epoch"])
+
+
+def test_searcher_history_holds_every_completed_trial(crash):
+    import optuna
+
+    state_file = max(crash.study_dir.glob("searcher-state-*.pkl"), key=lambda p: p.stat().st_mtime)
+    state = pickle.loads(state_file.read_bytes())
+    searcher = state.get("searcher", state) if isinstance(state, dict) else state
+    searcher_state = searcher if isinstance(searcher, dict) else vars(searcher)
+    while "_ot_study" not in searcher_state:  # Tune may wrap the OptunaSearch (e.g. in a ConcurrencyLimiter)
+        searcher_state = vars(searcher_state["searcher"])
+    study, trials_by_tune_id = searcher_state["_ot_study"], searcher_state["_ot_trials"]
+    assert set(trials_by_tune_id) == set(crash.tune)
+    complete = {t.number: t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    for tune_id, rows in crash.tune.items():
+        final = rows[-1]
+        ot_trial = study.trials[trials_by_tune_id[tune_id].number]
+        if math.isclose(final["config"]["lr"], DIVERGING):
+            assert ot_trial.state == optuna.trial.TrialState.FAIL, "a diverged trial is a failure to the sampler"
+            continue
+        assert ot_trial.number in complete, f"completed trial {tune_id} missing from the sampler's history"
+        assert ot_trial.value == pytest.approx(final["val_acc"])
+        assert ot_trial.params == {"lr": final["config"]["lr"], "k": final["config"]["k"]}
+    assert len(complete) == 2
+
+
+def test_diverged_trial_fails_at_once_with_its_reason(crash):
+    trial = _trial_with_lr(crash.tune, DIVERGING)
+    rows = crash.tune[trial]
+    assert [r["epoch"] for r in rows] == [1], "a diverged trial stops after the epoch whose loss is not finite"
+    assert not math.isfinite(rows[-1]["train_loss"])
+    (run,) = crash.mlflow[trial]
+    assert run["status"] == "FAILED"
+    assert run["tags"]["lapstudy.status"] == "failed"
+    assert "diverged" in run["tags"]["lapstudy.error"] and "nan" in run["tags"]["lapstudy.error"].lower()
+    status = run_lapstudy(["status", crash.study_dir], crash.env, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert "failed" in status.stdout and "diverged" in status.stdout
+
+
+def test_export_never_returns_the_diverged_trial(crash, tmp_path):
+    diverged = _trial_with_lr(crash.tune, DIVERGING)
+    out = tmp_path / "exported"
+    done = run_lapstudy(["export", crash.study_dir, "--top", "3", "--out", out], crash.env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 2 and not any(diverged in name for name in names), names
+
+
+def test_processes_of_the_killed_driver_are_gone(crash):
+    assert len(crash.recorded) > 5, "the driver's Ray processes were recorded before the kill"
+    for process in crash.recorded:
+        assert not process.alive(), process
+
+
+def test_bad_resume_leaves_the_study_untouched(crash, tmp_path):
+    """Resume mistakes are refused before anything is touched: wrong space, a different sample count, another
+    tracking store, a flag that does not exist."""
+    before = tree_digest(crash.study_dir)
+    changed_space = write_space(tmp_path / "crash.yaml", {**SPACE, "epochs": EPOCHS + 1})
+    base = ["run", crash.space_path, "--storage", crash.storage, "--resume"]
+    cases = {
+        "space": (["run", changed_space, "--storage", crash.storage, "--resume"], ["--resume", "differs"]),
+        "num-samples": ([*base, "--num-samples", "5"], ["--num-samples", "3"]),
+        "tracking": ([*base, "--tracking-uri", f"http://127.0.0.1:{free_port()}"], ["--tracking-uri"]),
+        "flag": ([*base, "--resum"], ["unrecognized arguments", "--help"]),
+    }
+    started = {name: subprocess.Popen([str(LAPSTUDY), *map(str, argv)], env=crash.env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for name, (argv, _) in cases.items()}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=180)
+        lines = err.strip().splitlines()
+        assert process.returncode == 2 and len(lines) == 1, (name, process.returncode, err)
+        assert all(text in lines[0] for text in cases[name][1]), (name, lines[0])
+        assert "Traceback" not in err and out == ""
+    assert tree_digest(crash.study_dir) == before
