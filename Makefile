@@ -39,6 +39,8 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/attention.py
+	$(BIN)/python bench/stlt.py --threads 1
+	$(BIN)/python bench/data.py
 
 clean:
 	rm -rf $(VENV) studies .pytest_cache
