@@ -190,12 +190,12 @@ def load_hub_images(cfg: HubImageConfig, seed: int) -> TaskData:
         val_files = hub.files(val_split, "val_split")
 
     def counts():
+        if hub.local:  # parquet footers: exact, and cheap on local files
+            total = lambda files: sum(_parquet_metadata(f, None).num_rows for f in files)  # noqa: E731
+            return total(train_files), total(val_files)
         if preset and cfg.train_split == "train" and val_split == preset.val_split:
             return preset.num_train, preset.num_val
-        if not hub.local:
-            return None, None  # footers of remote files cost a request each
-        total = lambda files: sum(_parquet_metadata(f, None).num_rows for f in files)  # noqa: E731
-        return total(train_files), total(val_files)
+        return None, None  # footers of remote files cost a request each
 
     return _parquet_images(
         cfg, seed=seed, train_files=train_files, val_files=val_files, filesystem=hub.filesystem,

@@ -15,11 +15,15 @@ import io
 import math
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from PIL import Image
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where it is used: the Ray Data decode tasks of the basic recipe then start without it
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -157,6 +161,8 @@ def train_images(values, spec: ImageSpec, rng: np.random.Generator) -> np.ndarra
 def three_augment(images: np.ndarray, rng: np.random.Generator, jitter: float) -> np.ndarray:
     """DeiT III 3-Augment on (B, H, W, C) uint8: each image gets one of grayscale, solarisation, Gaussian blur
     (sigma in [0.1, 2]), then brightness/contrast/saturation jitter by factors in [1 - jitter, 1 + jitter]."""
+    import torch
+
     count = len(images)
     x = torch.from_numpy(images).permute(0, 3, 1, 2).float()  # B, C, H, W in 0..255
     choice = rng.integers(0, 3, count)
@@ -187,6 +193,9 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
 
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """Separable Gaussian blur of (B, C, H, W) with one sigma per image, reflect padding, as one grouped conv."""
+    import torch
+    import torch.nn.functional as F
+
     count, chans, height, width = x.shape
     radius = int(min(math.ceil(3 * float(sigma.max())), (min(height, width) - 1)))
     if radius < 1:
@@ -234,11 +243,15 @@ class BatchMixer:
         return self.mixup > 0 or self.cutmix > 0 or self.label_smoothing > 0
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        import torch
+
         mean = torch.tensor(self.mean, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
         std = torch.tensor(self.std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
         return (images.float() / 255.0 - mean) / std
 
     def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
+        import torch
+
         images = self.normalize(batch["image"])
         labels = batch["label"].long()
         out = {"image": images, "label": labels}

@@ -8,12 +8,14 @@ their shard with `ray.train.get_dataset_shard(name)`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
-import torch
 
 from study.data.images import BatchMixer
+
+if TYPE_CHECKING:
+    import torch
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> int:
@@ -91,6 +93,8 @@ class TaskData:
             if train:
                 return self.mixer(batch, rng)
             return {"image": self.mixer.normalize(batch["image"]), "label": batch["label"].long()}
+        import torch
+
         tokens = batch["tokens"].long()
         targets = tokens[:, 1:]
         table = torch.from_numpy(self.token_bytes.astype(np.int64)).to(targets.device)
