@@ -7,8 +7,10 @@ CPU (default; D = 256, S = 32, B = 1, bilateral with one mask per sequence, the 
 - ``speedup_vs_loop_4096``: the write-up's per-token ``bilateral_scan`` loop (seed 003; its in-place writes replaced
   by a list and one stack, which only helps it: autograd of ``buf[:, n] = state`` copies the whole buffer at every
   step) over the torch path at N = 4096. Target >= 100.
-- ``scaling_16384_over_4096``: t(16384) / t(4096) of the torch path. Target <= 4.4 (linear: 4; the FFT's
-  N log N alone gives 4.6, before the memory hierarchy has its say).
+- ``scaling_16384_over_4096``: t(16384) / t(4096) of the torch path. Target <= 4.4 (linear: 4). The torch path
+  picks its algorithm by length (models/stlt/op.py, ``torch_algorithms`` in the report says which ran): with one mask
+  per sequence the FFT convolution at 4096 (N log N alone would give 4.6 to 16384, before cache misses) and the
+  chunked scan at 16384 (linear, but it pays O(S) per position for the carry, so it only overtakes near 8k).
 - ``crossover_n``: the smallest N from which the torch path beats SDPA attention (4 heads of 64, no mask) at every
   measured N. Target <= 2048.
   The per-position-mask path (the causal GPT case) is timed alongside for the same ratios, against causal SDPA.
@@ -32,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from models.stlt import stlt_mix
+from models.stlt import op, stlt_mix
 
 S_NODES = 32
 
@@ -135,6 +137,8 @@ def cpu_report(repeats: int) -> dict:
         "torch_causal_4096": round(causal[4096], 5),
         "torch_causal_16384": round(causal[16384], 5),
     }
+    report["torch_algorithms"] = {f"{kind}_{n}": op.torch_algorithm(n, per_position=kind == "causal").__name__
+                                  for kind in ("bilateral", "causal") for n in (4096, 16384)}
     report["speedup_vs_loop_4096"] = round(loop["write_up_loop_4096"] / fast["torch_4096"], 1)
     report["speedup_vs_loop_4096_causal_path"] = round(loop["write_up_loop_4096"] / causal[4096], 1)
     report["scaling_16384_over_4096"] = round(bilateral[16384] / bilateral[4096], 2)

@@ -1,20 +1,33 @@
-"""The functional STLT op: the reference against the design's recurrences, gradcheck, the torch (FFT) backend against
-the reference forward and backward, its memory audit, and input errors (Triton backend: tests/test_stlt_triton.py)."""
+"""The functional STLT op: the reference against the design's recurrences, gradcheck, both algorithms of the torch
+backend (the FFT convolution and the chunked scan) against the reference forward and backward, their memory audit,
+the choice between them, and input errors (Triton backend: tests/test_stlt_triton.py)."""
+
+from functools import partial
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from models.stlt import stlt_mix
-from models.stlt import fftconv
+from models.stlt import fftconv, op, stlt_mix
+from models.stlt.chunked import stlt_mix_chunked
+from models.stlt.fftconv import stlt_mix_fft
 from tests.stlt_fixtures import make_inputs, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def mix_and_grads(inputs, grad_out, **kwargs):
-    y = stlt_mix(*inputs, **kwargs)
+# The torch backend's two algorithms, called directly so that each meets every case whatever the length thresholds;
+# the chunked scan in chunks of 4, so that short test sequences cross many chunk borders and end in a partial chunk.
+TORCH_ALGORITHMS = {
+    "fft": stlt_mix_fft,
+    "chunked": lambda *args, **kwargs: stlt_mix_chunked(*args, chunk=4, **kwargs),
+}
+
+
+def mix_and_grads(inputs, grad_out, *, backend, **kwargs):
+    fn = TORCH_ALGORITHMS[backend] if backend in TORCH_ALGORITHMS else partial(stlt_mix, backend=backend)
+    y = fn(*inputs, **kwargs)
     return y, torch.autograd.grad(y, inputs, grad_out)
 
 
@@ -56,25 +69,48 @@ def test_reference_gradcheck(causal, per_position):
     )
 
 
+@pytest.mark.parametrize("algorithm", list(TORCH_ALGORITHMS))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("per_position", [False, True])
 @pytest.mark.parametrize(("N", "S"), [(1, 1), (7, 5), (37, 3), (64, 16), (101, 8)])
-def test_torch_backend_matches_reference_forward_and_backward(causal, per_position, N, S):
+def test_torch_algorithms_match_reference_forward_and_backward(algorithm, causal, per_position, N, S):
     inputs = make_inputs(2, N, 6, S, per_position=per_position, seed=N * 100 + S)
     grad_out = torch.randn(2, N, 6, dtype=torch.float64)
     y_ref, g_ref = mix_and_grads(inputs, grad_out, delta=0.9, causal=causal, backend="reference")
-    y, grads = mix_and_grads(inputs, grad_out, delta=0.9, causal=causal, backend="torch")
+    y, grads = mix_and_grads(inputs, grad_out, delta=0.9, causal=causal, backend=algorithm)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     for name, got, ref in zip(("x", "sigma", "omega", "T", "C", "mask"), grads, g_ref):
         torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
 
 
-def test_torch_backend_float32_stays_close_to_float64():
-    inputs = make_inputs(2, 300, 8, 6, per_position=True)
+@pytest.mark.parametrize("per_position", [False, True])
+def test_torch_backend_float32_stays_close_to_float64(per_position, monkeypatch):
+    """300 positions: the FFT convolution with one mask per sequence, the chunked scan (64-position chunks, the last
+    one partial) with per-position masks; a lower threshold also sends the first case through the chunked scan."""
+    inputs = make_inputs(2, 300, 8, 6, per_position=per_position)
     y64 = stlt_mix(*inputs, causal=True, backend="reference")
-    y32 = stlt_mix(*[t.detach().to(torch.complex64 if t.is_complex() else torch.float32) for t in inputs], causal=True)
-    assert y32.dtype == torch.float32
-    torch.testing.assert_close(y32.double(), y64, rtol=1e-4, atol=1e-4 * y64.abs().max().item())
+    inputs32 = [t.detach().to(torch.complex64 if t.is_complex() else torch.float32) for t in inputs]
+    outputs = [stlt_mix(*inputs32, causal=True)]
+    if not per_position:
+        monkeypatch.setattr(op, "CHUNKED_FROM_N_PER_SEQUENCE_MASK", 100)
+        monkeypatch.setattr("models.stlt.chunked.CHUNK_PER_SEQUENCE", 64)
+        outputs.append(stlt_mix(*inputs32, causal=True))
+    for y32 in outputs:
+        assert y32.dtype == torch.float32
+        torch.testing.assert_close(y32.double(), y64, rtol=1e-4, atol=1e-4 * y64.abs().max().item())
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_torch_backend_picks_its_algorithm_by_length(per_position, monkeypatch):
+    threshold = op.CHUNKED_FROM_N_PER_POSITION_MASK if per_position else op.CHUNKED_FROM_N_PER_SEQUENCE_MASK
+    called = []
+    for name in ("stlt_mix_fft", "stlt_mix_chunked"):
+        # Stand-ins that only record the call: the thresholds are thousands of positions long.
+        monkeypatch.setattr(op, name, lambda x, *args, name=name, **kwargs: called.append(name) or torch.zeros_like(x))
+    for N in (threshold - 1, threshold):
+        inputs = [t.detach() for t in make_inputs(1, N, 2, 2, per_position=per_position)]
+        stlt_mix(*inputs, backend="torch")
+    assert called == ["stlt_mix_fft", "stlt_mix_chunked"]
 
 
 def test_auto_backend_on_cpu_is_the_torch_path():
@@ -99,21 +135,23 @@ class ByteAudit(TorchDispatchMode):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("per_position", [False, True])
-def test_torch_backend_never_materialises_B_N_S_D(causal, per_position):
+def test_torch_algorithms_never_materialise_B_N_S_D(causal, per_position):
     B, N, D, S = 2, 512, 8, 16
     inputs = make_inputs(B, N, D, S, per_position=per_position)
     limit = B * N * S * D * inputs[0].element_size()
-    for backend, should_fit in (("torch", True), ("reference", False)):
+    chunked = partial(stlt_mix_chunked, chunk=64)  # 8 chunks, each direction carried across 7 borders
+    for fn, should_fit in ((stlt_mix_fft, True), (chunked, True), (partial(stlt_mix, backend="reference"), False)):
         with ByteAudit() as audit:
-            y = stlt_mix(*inputs, causal=causal, backend=backend)
+            y = fn(*inputs, causal=causal)
             torch.autograd.grad(y, inputs, torch.ones_like(y))
         # The reference must trip the audit, or the audit proves nothing.
-        assert (audit.largest < limit) == should_fit, (backend, audit.largest, audit.largest_op, limit)
+        assert (audit.largest < limit) == should_fit, (fn, audit.largest, audit.largest_op, limit)
 
 
+@pytest.mark.parametrize("algorithm", list(TORCH_ALGORITHMS))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("per_position", [False, True])
-def test_torch_backend_in_channel_blocks_and_node_groups(causal, per_position, monkeypatch):
+def test_torch_algorithms_in_channel_blocks_and_node_groups(algorithm, causal, per_position, monkeypatch):
     """Cache budgets small enough to split 10 channels in blocks of 8 (one partial) and 23 nodes in groups of 3."""
     monkeypatch.setattr(fftconv, "CHANNEL_BLOCK_NUMBERS", 1)
     monkeypatch.setattr(fftconv, "NODE_GROUP_NUMBERS", 2 * 8 * 32 * 3)
@@ -121,7 +159,7 @@ def test_torch_backend_in_channel_blocks_and_node_groups(causal, per_position, m
     inputs = make_inputs(2, 13, 10, 23, per_position=per_position, seed=11)
     grad_out = torch.randn(2, 13, 10, dtype=torch.float64)
     y_ref, g_ref = mix_and_grads(inputs, grad_out, causal=causal, backend="reference")
-    y, grads = mix_and_grads(inputs, grad_out, causal=causal, backend="torch")
+    y, grads = mix_and_grads(inputs, grad_out, causal=causal, backend=algorithm)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     for got, ref in zip(grads, g_ref):
         torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)

@@ -1,4 +1,5 @@
-"""The STLT mix as an FFT convolution: the fast PyTorch path (the CPU default).
+"""The STLT mix as an FFT convolution: the torch path for short sequences, and the chunked scan's (chunked.py)
+within-chunk products.
 
 Because x is real, Re(C_k L_k) is x convolved with the real kernel h_k[t, d] = Re(C[k, d] a_k^{|t|}), so
 
@@ -139,28 +140,56 @@ def _fold_lags(full: torch.Tensor, N: int, symmetric: bool) -> torch.Tensor:
     return torch.cat([lags[..., :1], lags[..., 1:] + full[..., full.shape[-1] - N + 1:].flip(-1)], dim=-1)
 
 
+class Transposed(torch.autograd.Function):
+    """(B, L, D) <-> (B, D, L) as a contiguous copy both ways, so the gradients coming back are contiguous too (FFTs
+    and batched matmuls on strided operands copy them, and elementwise ops on them are several times slower)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.transpose(1, 2).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.transpose(1, 2).contiguous()
+
+
 def stlt_mix_fft(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False):
-    B, N, D = x.shape
+    yt = fft_mix_channels_first(Transposed.apply(x), sigma, omega, T, C, mask, delta=delta, causal=causal)
+    return Transposed.apply(yt)
+
+
+def fft_mix_channels_first(xt, sigma, omega, T, C, mask, *, delta: float, causal: bool, chunk: int | None = None):
+    """The mix of xt (B, D, N), positions last, by FFT convolution. With `chunk` (a divisor of N), positions are cut
+    in chunks of that many and only lags within a chunk are applied (every chunk at once, against one kernel of
+    `chunk` lags): the chunked scan (chunked.py) adds what crosses chunk borders."""
+    B, D, N = xt.shape
     S = sigma.shape[0]
-    n_fft = fft_size(2 * N - 1)
-    t = torch.arange(N, device=x.device, dtype=x.dtype)[None]
-    # a_k^t = exp(t log|a_k|) (cos + i sin)(t arg a_k), (S, N), in real arithmetic (complex exp is much slower).
+    Q = chunk or N
+    n_chunks = N // Q
+    assert n_chunks * Q == N, (N, Q)
+    n_fft = fft_size(2 * Q - 1)
+    t = torch.arange(Q, device=xt.device, dtype=xt.dtype)[None]
+    # a_k^t = exp(t log|a_k|) (cos + i sin)(t arg a_k), (S, Q), in real arithmetic (complex exp is much slower).
     log_r, theta = -(sigma + 1.0 / T)[:, None] * delta, -omega[:, None] * delta
     magnitude = torch.exp(t * log_r)
     re_powers, im_powers = magnitude * torch.cos(t * theta), magnitude * torch.sin(t * theta)
-    powers = torch.cat([re_powers, im_powers], dim=0)  # (2S, N)
-    xt = x.transpose(1, 2).contiguous()  # (B, D, N): positions last
-    block = channel_block(B, D, n_fft)
-    group = node_group_size(B, S, D, block, n_fft)
+    powers = torch.cat([re_powers, im_powers], dim=0)  # (2S, Q)
+    if mask.dim() == 3:
+        mask = mask.reshape(B * n_chunks, Q, S)  # chunks become sequences of their own
+    block = channel_block(B * n_chunks, D, n_fft)
+    group = node_group_size(B * n_chunks, S, D, block, n_fft)
     outputs = []
     # split(), not slicing: the backward of a slice zero-fills a whole input-sized gradient per block.
     for x_block, C_block in zip(xt.split(block, dim=1), C.split(block, dim=1)):
+        chunks = x_block.unflatten(-1, (n_chunks, Q))  # (B, block, n_chunks, Q)
         if mask.dim() == 2:
             # h[b, d, t] = sum_k mask[b, k] (C_r[k, d] Re a_k^t - C_i[k, d] Im a_k^t): one matmul over 2S.
             weights = torch.cat([mask[:, :, None] * C_block.real, -mask[:, :, None] * C_block.imag], dim=1)
-            h = weights.transpose(1, 2) @ powers  # (B, block, N)
-            outputs.append(FFTConv.apply(x_block, h, not causal, n_fft))
+            h = weights.transpose(1, 2) @ powers  # (B, block, Q), the same for every chunk
+            outputs.append(FFTConv.apply(chunks, h[:, :, None], not causal, n_fft).flatten(-2))
         else:
             h = C_block.real[:, :, None] * re_powers[:, None] - C_block.imag[:, :, None] * im_powers[:, None]
-            outputs.append(MaskedFFTMix.apply(x_block, h, mask, not causal, n_fft, group))  # h: (S, block, N)
-    return torch.cat(outputs, dim=1).transpose(1, 2)
+            sequences = chunks.transpose(1, 2).reshape(B * n_chunks, -1, Q)  # a view when there is one chunk
+            y = MaskedFFTMix.apply(sequences, h, mask, not causal, n_fft, group)  # h: (S, block, Q)
+            outputs.append(y.view(B, n_chunks, -1, Q).transpose(1, 2).flatten(-2))
+    return torch.cat(outputs, dim=1)

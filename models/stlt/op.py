@@ -6,10 +6,20 @@ import os
 
 import torch
 
+from models.stlt.chunked import stlt_mix_chunked
 from models.stlt.fftconv import stlt_mix_fft
 from models.stlt.naive import stlt_mix_reference
 
 BACKENDS = ("auto", "reference", "torch", "triton")
+
+# Sequence lengths from which the torch backend takes the chunked scan (linear in N) over the whole-sequence FFT
+# convolution (N log N, and its spectra outgrow the caches). Measured forward + backward at bench/stlt.py's shapes
+# (B = 1, D = 256, S = 32, float32, one thread) on the 2-core development machine:
+# - one mask per sequence: the FFT is 1.3-2x faster up to N = 4096, they tie at 8192, the chunked scan is ~1.4x
+#   faster at 12288 and 16384;
+# - per-position masks: the chunked scan is already ~1.4x faster at 128 and 2.5-3.5x faster at 512-4096 (the FFT
+#   path convolves each node over the whole sequence).
+CHUNKED_FROM_N_PER_SEQUENCE_MASK, CHUNKED_FROM_N_PER_POSITION_MASK = 8192, 128
 
 
 def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False, backend: str = "auto"):
@@ -19,8 +29,9 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
     x: real (B, N, D); sigma, omega: real (S,) effective values; T: real scalar (tensor or number); C: complex (S, D);
     mask: real (B, S) (one per sequence) or (B, N, S) (per position). Returns y, real (B, N, D), in x's dtype.
 
-    backend: "reference" (the O(N^2) definition, tests only), "torch" (FFT convolution, any device), "triton" (fused
-    kernels, CUDA, or the CPU interpreter with TRITON_INTERPRET=1), "auto" (triton on CUDA tensors, torch otherwise).
+    backend: "reference" (the O(N^2) definition, tests only), "torch" (any device: an FFT convolution, fftconv.py, for
+    short sequences, a chunked scan, chunked.py, from CHUNKED_FROM_N_* positions), "triton" (fused kernels, CUDA, or
+    the CPU interpreter with TRITON_INTERPRET=1), "auto" (triton on CUDA tensors, torch otherwise).
     All backends are differentiable in every argument and agree with each other.
     """
     if backend not in BACKENDS:
@@ -38,8 +49,14 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
     args = (x.to(dtype), sigma.to(dtype), omega.to(dtype), T.to(dtype), C.to(cdtype), mask.to(dtype))
-    fn = stlt_mix_reference if backend == "reference" else stlt_mix_fft
+    fn = stlt_mix_reference if backend == "reference" else torch_algorithm(x.shape[1], per_position=mask.dim() == 3)
     return fn(*args, delta=delta, causal=causal).to(x.dtype)
+
+
+def torch_algorithm(N: int, *, per_position: bool):
+    """The torch backend's implementation for sequences of N positions."""
+    threshold = CHUNKED_FROM_N_PER_POSITION_MASK if per_position else CHUNKED_FROM_N_PER_SEQUENCE_MASK
+    return stlt_mix_chunked if N >= threshold else stlt_mix_fft
 
 
 def _check_inputs(x, sigma, omega, T, C, mask, delta) -> torch.Tensor:
