@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-fast quickstart ui bench clean
+.PHONY: setup test test-fast quickstart ui bench bench-study clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/attention.py
 	$(BIN)/python bench/stlt.py --threads 1
 	$(BIN)/python bench/data.py
+
+# lapstudy against a plain in-process Optuna loop on the same trials (about 10 minutes).
+bench-study: $(STAMP)
+	$(BIN)/python bench/study_overhead.py
 
 clean:
 	rm -rf $(VENV) studies .pytest_cache

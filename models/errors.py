@@ -9,4 +9,10 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, message: str):
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
+
+    def __reduce__(self):
+        # Errors raised inside Ray workers travel pickled; the default reduction would call __init__ with the
+        # formatted text only.
+        return type(self), (self.field, self.message)

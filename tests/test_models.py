@@ -131,3 +131,11 @@ def test_tiny_vit_with_laplacian_heads_learns_digits():
         if best >= 0.9:
             break
     assert best >= 0.9, f"best validation accuracy {best:.3f} after {epoch + 1} epochs"
+
+
+def test_config_error_survives_pickling():
+    """Errors raised inside Ray workers are pickled on their way to the driver."""
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ConfigError("k", "must be an integer in 0..4, got 5")))
+    assert error.field == "k" and str(error) == "k: must be an integer in 0..4, got 5"
