@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,10 @@ EXIT_USER_ERROR = 2
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # No abbreviated flags: `--resum` must be an error, not a --resume.
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
+
     def error(self, message):  # argparse's usage block + message would be several lines
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
@@ -43,6 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-failures", type=int, default=2, metavar="N",
                      help="retries of a trial's workers (and of the trial) after a crash or a lost node")
     run.add_argument("--resume", action="store_true", help="continue the study in the study folder after a crash")
+    run.add_argument("--worker-resource", action="append", default=[], metavar="NAME=AMOUNT",
+                     help="a custom Ray resource each Train worker asks for, to place workers on a kind of node "
+                          "(repeatable; e.g. spot=1 when cluster.yaml gives spot nodes that resource)")
+
+    sync = commands.add_parser("sync", help="send MLflow what Ray recorded while the tracking server was away",
+                               description="Bring a study's MLflow runs up to date with Ray's records (the source "
+                                           "of truth): missing epochs, runs never created, final statuses.")
+    sync.add_argument("study_dir", metavar="STUDY_DIR")
+    sync.add_argument("--tracking-uri", metavar="URI", help="the study's tracking server, with credentials if it "
+                      "needs them (default: the one in study.json)")
 
     status = commands.add_parser("status", help="the trials of a study as a table")
     status.add_argument("study_dir", metavar="STUDY_DIR")
@@ -97,7 +112,12 @@ def _dispatch(args) -> int:
             workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
             gpus_per_worker=args.gpus_per_worker, address=args.address, tracking_uri=args.tracking_uri,
             seed=args.seed, resume=args.resume, max_failures=_non_negative(args.max_failures, "--max-failures"),
+            worker_resources=_worker_resources(args.worker_resource),
         ))
+    if args.command == "sync":
+        from study.tuning import sync_study
+
+        return sync_study(Path(args.study_dir), args.tracking_uri)
     if args.command == "status":
         from study import results
 
@@ -138,6 +158,23 @@ def _ui(study_dir: Path, host: str, port: int) -> int:
                "--port", str(port), "--workers", "1"]
     os.execv(sys.executable, command)
     return 0
+
+
+def _worker_resources(items: list[str]) -> dict[str, float]:
+    from study.resources import STANDARD_RESOURCES
+
+    resources = {}
+    for item in items:
+        name, equals, amount = item.partition("=")
+        try:
+            value = float(amount) if equals else float("nan")
+        except ValueError:
+            value = float("nan")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name) or not value > 0 or name in STANDARD_RESOURCES:
+            raise UserError(f"--worker-resource {item!r}: expected NAME=AMOUNT with a custom resource name (not "
+                            f"{', '.join(sorted(STANDARD_RESOURCES))}: use the --*-per-worker flags) and AMOUNT > 0")
+        resources[name] = value
+    return resources
 
 
 def _positive(value, flag):

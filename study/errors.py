@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from typing import Any
 
 
 class UserError(Exception):
     """A mistake in a search space, a config, a command line or the environment the user pointed us at.
 
-    The message is one line that names the field and the allowed values; no traceback is shown for it.
+    The message is one line that names the field and the allowed values; no traceback is shown for it. `field`
+    names the configuration key at fault when there is one (callers use it to decide which checks can wait).
     """
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, field: str | None = None):
         super().__init__(" ".join(str(message).split()))
+        self.field = field
 
 
-def describe_validation_error(error, data: Any = None, prefix: str = "") -> str:
+def describe_validation_error(error, data: Any = None, prefix: str = "", model: type | None = None) -> str:
     """One line for a pydantic ValidationError: the first problem with its field path, and how many more.
 
     `data` is the validated input: it lets us drop the tags pydantic inserts into the path of a discriminated
-    union (``parameters.k.int.low`` becomes ``parameters.k.low``).
+    union (``parameters.k.int.low`` becomes ``parameters.k.low``). `model` is the validated model class: with it,
+    an unknown field is answered with the fields allowed at that place.
     """
     problems = error.errors(include_url=False)
     first = problems[0]
@@ -27,6 +33,11 @@ def describe_validation_error(error, data: Any = None, prefix: str = "") -> str:
     message = first["msg"]
     if first["type"] == "extra_forbidden":
         message = "is not a known field"
+        known = _known_fields(model, first["loc"], data) if model is not None else None
+        if known:
+            unknown = str(first["loc"][-1])
+            close = difflib.get_close_matches(unknown, known, n=1)
+            message += (f" (did you mean {close[0]!r}?)" if close else "") + f"; allowed: {', '.join(known)}"
     elif first["type"] == "missing":
         message = "is required"
     message = message.removeprefix("Value error, ")
@@ -51,3 +62,53 @@ def _field_path(loc: tuple, data: Any) -> list[str]:
         else:
             node = None
     return path
+
+
+def _known_fields(model: type, loc: tuple, data: Any) -> list[str] | None:
+    """The field names of the pydantic model that holds the last element of `loc`, found by walking the model's
+    annotations along the path (unions resolved by their tag in the data); None when it cannot be told."""
+    node_type, node = model, data
+    for part in loc[:-1]:
+        if isinstance(part, str) and part.startswith("function-"):
+            continue
+        node_type = _resolve(node_type, node)
+        if _is_model(node_type):
+            if part not in node_type.model_fields:
+                continue  # a union tag pydantic put in the path
+            node_type = node_type.model_fields[part].annotation
+        elif typing.get_origin(node_type) is dict:
+            node_type = typing.get_args(node_type)[1]
+        elif typing.get_origin(node_type) is list:
+            node_type = typing.get_args(node_type)[0]
+        else:
+            return None
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    node_type = _resolve(node_type, node)
+    return list(node_type.model_fields) if _is_model(node_type) else None
+
+
+def _is_model(value) -> bool:
+    return isinstance(value, type) and hasattr(value, "model_fields")
+
+
+def _resolve(annotation, data):
+    """Strip Annotated and pick, in a union, the model the data selects (by its type/source/kind tag)."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        candidates = [a for a in map(lambda a: _resolve(a, data), typing.get_args(annotation)) if _is_model(a)]
+        if len(candidates) == 1:
+            return candidates[0]
+        for candidate in candidates:
+            for tag in ("type", "source", "kind"):
+                field = candidate.model_fields.get(tag)
+                if isinstance(data, dict) and field is not None and data.get(tag) in typing.get_args(field.annotation):
+                    return candidate
+        non_model = [a for a in typing.get_args(annotation) if typing.get_origin(a) in (dict, list)]
+        return non_model[0] if len(non_model) == 1 and not candidates else None
+    return annotation

@@ -99,6 +99,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         start_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
+    # Ray's records (not MLflow) say where each report came from: which checkpoint this worker group started from
+    # (0: none) and on which node rank 0 runs. That is how a restart after a lost node or driver shows.
+    origin = {"resumed_from_epoch": start_epoch - 1, "worker_node_id": ray.get_runtime_context().get_node_id()}
+
+    if start_epoch > spec.epochs:  # restarted after the last checkpoint: hand the final result to Tune again
+        final = {**history[-1], "mlflow_run_id": state.get("mlflow_run_id", ""), **origin}
+        _report(final, raw, optimizer, scheduler, spec.epochs, step, history, rank)
+        return
 
     logger = None
     if rank == 0 and target is not None:
@@ -113,11 +121,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
     top_targets = _top_targets(task_data, val_shard, spec, device) if lm else None
-
-    if start_epoch > spec.epochs:  # restarted after the last checkpoint: hand the final result to Tune again
-        _report(history[-1], {**history[-1], "mlflow_run_id": run_id}, raw, optimizer, scheduler, spec.epochs, step,
-                history, rank)
-        return
 
     for epoch in range(start_epoch, spec.epochs + 1):
         _seed_everything(spec.seed, epoch, rank)
@@ -170,7 +173,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             if logger is not None:
                 logger.log_epoch(epoch, metrics)
                 logger.set_tags({"lapstudy.error": metrics["error"]})
-            _report(metrics, {**metrics, "mlflow_run_id": run_id}, raw, optimizer, scheduler, epoch, step, history, rank)
+            reported = {**metrics, "mlflow_run_id": run_id, **origin}
+            _report(reported, raw, optimizer, scheduler, epoch, step, history, rank)
             return
 
         geometry_due = spec.geometry.due(epoch, spec.epochs)
@@ -185,7 +189,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             logger.log_epoch(epoch, metrics)
             if evaluation.pictures is not None:
                 _log_pictures(logger, evaluation, epoch, spec, lm)
-        _report(metrics, {**metrics, "mlflow_run_id": run_id}, raw, optimizer, scheduler, epoch, step, history, rank)
+        _report({**metrics, "mlflow_run_id": run_id, **origin}, raw, optimizer, scheduler, epoch, step, history, rank)
 
 
 class _Timed:
@@ -205,14 +209,14 @@ class _Timed:
             self.wait += time.perf_counter() - started
 
 
-def _report(metrics, reported, raw, optimizer, scheduler, epoch, step, history, rank) -> None:
+def _report(reported, raw, optimizer, scheduler, epoch, step, history, rank) -> None:
     """Every worker reports (it is a barrier); rank 0 attaches the checkpoint, so a restart resumes from here."""
     if rank != 0:
         ray.train.report(reported)
         return
     with tempfile.TemporaryDirectory() as folder:
         state = {"model": raw.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "epoch": epoch, "step": step, "history": history}
+                 "epoch": epoch, "step": step, "history": history, "mlflow_run_id": reported.get("mlflow_run_id", "")}
         torch.save(state, Path(folder) / CHECKPOINT_FILE)
         ray.train.report(reported, checkpoint=ray.train.Checkpoint.from_directory(folder))
 

@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from study.data import load_task_data
 from study.errors import UserError, describe_validation_error
 from study.loop import TrackingTarget, spec_document
-from study.runspec import Resources, RunSpec, complete_hyperparameters
-from study.tracking import STATUS_COMPLETED, STATUS_FAILED, close_run, ensure_experiment, local_store
+from study.runspec import DATA_SHAPED_KEYS, Resources, RunSpec, check_run_config, complete_hyperparameters
+from study.tracking import STATUS_COMPLETED, STATUS_FAILED, check_store, close_run, ensure_experiment, local_store
 from study.trainer import build_trainer, plan_run
 from study.resources import trial_concurrency
-from study.tuning import connect_ray
+from study.tuning import check_address, connect_ray
 from study.yamlio import dump_yaml, load_yaml
 
 EXPERIMENT = "lapstudy-train"
@@ -30,7 +30,7 @@ def load_run_spec(path: Path) -> RunSpec:
     try:
         return RunSpec.model_validate(data)
     except ValidationError as exc:
-        raise UserError(describe_validation_error(exc, data, prefix=f"run config {path}: ")) from None
+        raise UserError(describe_validation_error(exc, data, prefix=f"run config {path}: ", model=RunSpec)) from None
 
 
 def train_once(config: str, *, storage: str | None, tracking_uri: str | None, address: str | None,
@@ -44,6 +44,14 @@ def train_once(config: str, *, storage: str | None, tracking_uri: str | None, ad
             spec = spec.model_copy(update={"resources": Resources(**{**spec.resources.model_dump(), **changes})})
         except ValidationError as exc:
             raise UserError(describe_validation_error(exc, changes, prefix="--")) from None
+    try:  # the model and training keys need no data: check them before Ray starts
+        check_run_config(spec.hyperparameters, spec.task, where=f"run config {path}: hyperparameters")
+    except UserError as exc:
+        if exc.field not in DATA_SHAPED_KEYS:
+            raise
+    if tracking_uri:
+        check_store(tracking_uri, EXPERIMENT, must_be_new=False)
+    check_address(address)
     storage_dir = Path(storage or "studies/train").expanduser().resolve()
     connect_ray(address, storage_dir)
     # The config's workers must fit on this cluster, or Ray Train would wait for them forever.

@@ -18,10 +18,13 @@ DATA_CPU_RESERVE = 1.0
 TRIAL_DRIVER_RESOURCES = {"CPU": 0, "memory": 1}
 # A head-node resource (cluster.yaml) that pins trial drivers to the head, which is never preempted.
 DRIVER_NODE_RESOURCE = "lapstudy_driver"
+STANDARD_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 
 
-def trial_concurrency(resources: Resources, cluster: dict, nodes: list[dict], requested: int | None) -> int:
-    """The number of trials that can run side by side; UserError (saying what fits) when the sizing cannot work."""
+def trial_concurrency(resources: Resources, cluster: dict, nodes: list[dict], requested: int | None,
+                      worker_resources: dict | None = None) -> int:
+    """The number of trials that can run side by side; UserError (saying what fits) when the sizing cannot work.
+    `worker_resources` are custom resources each Train worker asks for (--worker-resource)."""
     cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
     per_trial_cpu = resources.workers * resources.cpus_per_worker
     per_trial_gpu = resources.workers * resources.gpus_per_worker
@@ -54,6 +57,13 @@ def trial_concurrency(resources: Resources, cluster: dict, nodes: list[dict], re
                 f"needs {per_trial_gpu:g} GPUs, this cluster has {gpus:g}"
             )
         fits = min(fits, math.floor(gpus / per_trial_gpu + 1e-9))
+    for name, amount in (worker_resources or {}).items():
+        if not any(node.get(name, 0.0) >= amount for node in nodes):
+            offered = sorted({key for node in nodes for key in node
+                              if key not in STANDARD_RESOURCES and not key.startswith("node:")})
+            raise UserError(f"--worker-resource {name}={amount:g}: no node of this cluster has that much {name!r} "
+                            f"(custom resources here: {', '.join(offered) or 'none'})")
+        fits = min(fits, math.floor(cluster.get(name, 0.0) / (resources.workers * amount) + 1e-9))
     if requested is not None and requested > fits:
         raise UserError(
             f"--max-concurrent {requested}: only {fits} trial(s) of {resources.workers} worker(s) x "

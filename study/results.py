@@ -68,6 +68,21 @@ def load_records(study_dir: Path) -> list[TrialRecord]:
     return sorted(records, key=lambda r: r.trial_id)
 
 
+def trial_results(study_dir: Path) -> dict[str, list[dict]]:
+    """Every result each trial reported, in order: the JSON lines Ray Tune keeps in each trial's folder."""
+    trials: dict[str, list[dict]] = {}
+    for path in sorted(Path(study_dir).glob("*/result.json")):
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a crash
+                continue
+        if rows:
+            trials.setdefault(rows[0]["trial_id"], []).extend(rows)
+    return trials
+
+
 def study_meta(study_dir: Path) -> dict:
     path = Path(study_dir) / STUDY_FILE
     if not path.is_file():

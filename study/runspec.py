@@ -103,6 +103,11 @@ class RunSpec(BaseModel):
         return model_part(self.hyperparameters)
 
 
+# Model keys whose validity depends on the data (the data fixes them, or they are checked against one it fixes):
+# a check made before the data is opened leaves them to the full check after.
+DATA_SHAPED_KEYS = frozenset({"image_size", "patch_size", "in_chans", "num_classes", "vocab_size", "context_length"})
+
+
 def model_part(hyperparameters: dict) -> dict:
     return {k: v for k, v in hyperparameters.items() if k in models.MODEL_KEYS}
 
@@ -112,7 +117,9 @@ def train_config(hyperparameters: dict, where: str = "hyperparameters") -> Train
     try:
         return TrainConfig(**values)
     except ValidationError as exc:
-        raise UserError(describe_validation_error(exc, values, prefix=f"{where}.")) from None
+        loc = exc.errors()[0]["loc"]
+        raise UserError(describe_validation_error(exc, values, prefix=f"{where}."),
+                        field=str(loc[0]) if loc else None) from None
 
 
 def check_hyperparameter_names(names, where: str) -> None:
@@ -146,10 +153,11 @@ def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparame
         resolved = models.resolve_config(flat)
         models.build_config(flat)
     except models.ConfigError as exc:
-        raise UserError(f"{where}.{exc.field}: {str(exc).removeprefix(exc.field + ': ')}") from None
+        raise UserError(f"{where}.{exc.field}: {str(exc).removeprefix(exc.field + ': ')}", field=exc.field) from None
     if resolved["model"] != FAMILY_OF_TASK[task]:
         raise UserError(
-            f"{where}.model: task {task} trains model {FAMILY_OF_TASK[task]!r}, got {resolved['model']!r}"
+            f"{where}.model: task {task} trains model {FAMILY_OF_TASK[task]!r}, got {resolved['model']!r}",
+            field="model",
         )
     return resolved
 

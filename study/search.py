@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import optuna
@@ -14,6 +15,9 @@ from study.space import SearchSpace
 # Optuna flags multivariate/grouped TPE as experimental; it is what conditional spaces need.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+# A resumed trial restarts Tune's training_iteration, which OptunaSearch uses as the step of intermediate values:
+# Optuna then warns on every repeated step (the value the sampler keeps is the trial's final one).
+warnings.filterwarnings("ignore", message="The reported value is ignored because this `step", category=UserWarning)
 DEFAULT_STARTUP_TRIALS = 10
 
 
@@ -57,9 +61,21 @@ def make_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.NSGAIISampler(seed=seed, population_size=spec.population_size or 50)
 
 
+class StudySearch(OptunaSearch):
+    """OptunaSearch that tells the sampler a diverged trial (a non-finite objective) FAILED. OptunaSearch would try
+    to record NaN as a value, which Optuna refuses, and the trial would stay RUNNING in the sampler's history."""
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        values = [(result or {}).get(m) for m in metrics]
+        if result and any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            return super().on_trial_complete(trial_id, None, error=True)
+        return super().on_trial_complete(trial_id, result, error)
+
+
 def make_searcher(space: SearchSpace, seed: int) -> OptunaSearch:
     multi = space.multi_objective
-    return OptunaSearch(
+    return StudySearch(
         space=DefineByRun(space),
         metric=space.metrics if multi else space.metrics[0],
         mode=space.modes if multi else space.modes[0],

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from study.data import DatasetConfig
 from study.errors import UserError, describe_validation_error
 from study.runspec import (
+    DATA_SHAPED_KEYS,
     HYPERPARAMETER_KEYS,
     GeometrySpec,
     Resources,
@@ -25,7 +26,6 @@ from study.runspec import (
     apply_data_overrides,
     check_hyperparameter_names,
     check_run_config,
-    train_config,
 )
 from study.yamlio import load_yaml
 
@@ -370,27 +370,26 @@ class SearchSpace(_Strict):
             provenance=provenance or {},
         )
 
-    def check_configs(self, data_overrides: dict | None = None, check=None, *, models_too: bool = True) -> int:
+    def check_configs(self, data_overrides: dict | None = None, check=None, *, before_data: bool = False) -> int:
         """Build the model and training configs of the extreme points of the space (every combination of the
         parameters' bounds and choices, conditional groups applied) and of the warm-start points; the first that
         `models` or the training schema rejects is a UserError naming the parameter. `check(hyperparameters)` may
-        add checks of its own (batch size against the data, say). `models_too=False` checks the training keys only
-        (what can be checked before the data is opened). Returns how many were checked."""
+        add checks of its own (batch size against the data, say). `before_data=True` is the check made before Ray
+        starts and the data is opened: problems with the keys the data shapes (DATA_SHAPED_KEYS) wait for the
+        full check. Returns how many were checked."""
         checked = 0
         for sampled, blame in self._corner_configs():
             hyperparameters = self.resolve(sampled)
             try:
-                if not models_too:
-                    train_config(hyperparameters)
-                    checked += 1
-                    continue
                 if data_overrides:
                     hyperparameters = apply_data_overrides(hyperparameters, data_overrides)
                 check_run_config(hyperparameters, self.task)
                 if check is not None:
                     check(hyperparameters)
             except UserError as exc:
-                raise UserError(self._blame(str(exc), sampled, blame, data_overrides or {})) from None
+                if before_data and exc.field in DATA_SHAPED_KEYS:
+                    continue
+                raise UserError(self._blame(str(exc), sampled, blame, data_overrides or {}), field=exc.field) from None
             checked += 1
         return checked
 
@@ -478,7 +477,7 @@ def parse_space(data: Any, where: str = "search space") -> SearchSpace:
     try:
         return SearchSpace.model_validate(data)
     except ValidationError as exc:
-        raise UserError(describe_validation_error(exc, data, prefix=f"{where}: ")) from None
+        raise UserError(describe_validation_error(exc, data, prefix=f"{where}: ", model=SearchSpace)) from None
 
 
 def load_space(path: str | Path) -> SearchSpace:

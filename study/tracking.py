@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow prints "View run ... at: <tracking URI>" when a run ends: noise, and a leak of credentials in the URI.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -45,6 +48,12 @@ TAG_ERROR = "lapstudy.error"
 TAG_CHECKPOINT = "lapstudy.checkpoint"
 STATUS_RUNNING, STATUS_COMPLETED, STATUS_EARLY_STOPPED, STATUS_FAILED = "running", "completed", "early_stopped", "failed"
 MLFLOW_STATUS = {STATUS_COMPLETED: "FINISHED", STATUS_EARLY_STOPPED: "KILLED", STATUS_FAILED: "FAILED"}
+# How MLflow clients authenticate (https://mlflow.org/docs/latest/auth): handed to the Train workers in memory.
+MLFLOW_CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+                               "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
+_CREDENTIALS = re.compile(r"(\w+://)[^/\s@]+@")
+# What the training loop reports to Ray besides the epoch's metrics (Ray's records only, not MLflow metrics).
+RAY_ONLY_KEYS = frozenset({"mlflow_run_id", "resumed_from_epoch", "worker_node_id", "checkpoint_path"})
 # MLflow caps a param value at 6000 characters and a batch at 100 params / 1000 metrics.
 MAX_PARAM_CHARS, PARAMS_PER_BATCH, METRICS_PER_BATCH = 6000, 100, 1000
 
@@ -55,24 +64,48 @@ def local_store(study_dir: Path) -> tuple[str, str]:
     return f"sqlite:///{study_dir / 'mlflow.db'}", (study_dir / "mlartifacts").as_uri()
 
 
-def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None, *, must_be_new: bool) -> str:
-    """The experiment's id, created if needed. Raises UserError if the store cannot be reached or, for a new study,
-    if an experiment of that name already holds runs of another study."""
-    client = MlflowClient(tracking_uri)
+def check_store(tracking_uri: str, name: str, *, must_be_new: bool) -> str | None:
+    """Read only: the id of the study's experiment if the store has it, None if not yet. Raises UserError if the
+    store cannot be used (unreachable, unknown scheme) or, for a new study, if an experiment of that name already
+    holds runs (of another study)."""
     try:
+        client = MlflowClient(tracking_uri)
         experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            return client.create_experiment(name, artifact_location=artifact_location)
+        has_runs = bool(experiment is not None and client.search_runs([experiment.experiment_id], max_results=1))
     except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
-        raise UserError(f"--tracking-uri {tracking_uri}: cannot use the MLflow store ({_short(exc)})") from None
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({_short(exc)})") from None
+    if experiment is None:
+        return None
     if experiment.lifecycle_stage == "deleted":
         raise UserError(f"--name {name}: an MLflow experiment of that name is deleted but still in the store; pick another --name")
-    if must_be_new and client.search_runs([experiment.experiment_id], max_results=1):
+    if must_be_new and has_runs:
         raise UserError(
-            f"--name {name}: the MLflow store {tracking_uri} already has an experiment {name!r} with runs; "
+            f"--name {name}: the MLflow store {redact(tracking_uri)} already has an experiment {name!r} with runs; "
             "pick another --name (or --resume the study that owns it)"
         )
     return experiment.experiment_id
+
+
+def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None, *, must_be_new: bool) -> str:
+    """The experiment's id, created if needed (same errors as `check_store`)."""
+    experiment_id = check_store(tracking_uri, name, must_be_new=must_be_new)
+    if experiment_id is not None:
+        return experiment_id
+    try:
+        return MlflowClient(tracking_uri).create_experiment(name, artifact_location=artifact_location)
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({_short(exc)})") from None
+
+
+def redact(text: str) -> str:
+    """`text` with the password (and user) of any URL in it masked: what may be printed or stored."""
+    return _CREDENTIALS.sub(r"\1***@", text)
+
+
+def without_credentials(uri: str) -> str:
+    """The tracking URI as study.json keeps it: no user or password (pass them again, or through the
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD variables)."""
+    return _CREDENTIALS.sub(r"\1", uri)
 
 
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:
@@ -83,15 +116,18 @@ def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> s
 
 
 def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, trial_id: str | None, status: str,
-              error: str | None = None, checkpoint: str | None = None) -> None:
-    """Set the final lapstudy status (and error) of a run and end it. Never raises: a lost tracking server must not
-    take the study down."""
+              error: str | None = None, checkpoint: str | None = None, raise_errors: bool = False) -> None:
+    """Set the final lapstudy status (and error) of a run and end it. Never raises unless asked: a lost tracking
+    server must not take the study down."""
     try:
         client = MlflowClient(tracking_uri)
         if run_id is None and trial_id is not None:
             run_id = find_trial_run(client, experiment_id, trial_id)
         if run_id is None:
             return
+        run = client.get_run(run_id)
+        if run.info.status == MLFLOW_STATUS[status] and run.data.tags.get(TAG_STATUS) == status:
+            return  # already closed so (a trial re-reported after a resume): leave the run as it is
         tags = [RunTag(TAG_STATUS, status)]
         if error:
             tags.append(RunTag(TAG_ERROR, error[:5000]))
@@ -100,7 +136,88 @@ def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, tria
         client.log_batch(run_id, tags=tags)
         client.set_terminated(run_id, MLFLOW_STATUS[status])
     except Exception as exc:  # noqa: BLE001
+        if raise_errors:
+            raise
         log.warning("MLflow: could not close run %s (%s): %s", run_id, status, _short(exc))
+
+
+def epoch_metrics(epoch: int, values: dict) -> list[Metric]:
+    """One epoch's MLflow metrics (step = epoch): its finite numbers, with the `epoch` marker last so that a run's
+    epoch history lists only epochs whose metrics are all in."""
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, float(value), now, epoch) for key, value in values.items()
+               if key != "epoch" and key not in RAY_ONLY_KEYS and isinstance(value, int | float)
+               and not isinstance(value, bool) and math.isfinite(value)]
+    return metrics + [Metric("epoch", float(epoch), now, epoch)]
+
+
+def sync_runs(study_dir: Path, tracking_uri: str, experiment_id: str, study: str) -> int:
+    """Make MLflow agree with Ray's records, the study's source of truth (after a study, and `lapstudy sync`).
+
+    For every finished trial: the epochs Ray recorded that its run lacks (the tracking server was away when the
+    worker logged them) are logged, a run the trial never managed to create is created (params and config.yaml
+    from the trial's run config; pictures of the missing epochs cannot be recovered), and the run gets the trial's
+    final status. A run left running by a trial Ray has no record of (its driver was killed right after starting
+    it; the study ran the configuration again as another trial) is closed as failed. A run already in order is not
+    touched. Returns how many trials could not be brought up to date (the server is still away)."""
+    from ray.tune.result import AUTO_RESULT_KEYS
+
+    from study import results
+
+    tune_keys = set(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag"}
+    records = {r.trial_id: r for r in results.load_records(Path(study_dir))}
+    rows = results.trial_results(Path(study_dir))
+    failures = 0
+    for trial_id, record in records.items():
+        if record.status not in (STATUS_COMPLETED, STATUS_EARLY_STOPPED, STATUS_FAILED):
+            continue
+        reported = {int(row["epoch"]): {k: v for k, v in row.items() if k not in tune_keys}
+                    for row in rows.get(trial_id, []) if "epoch" in row}
+        try:
+            _sync_trial(Path(study_dir), tracking_uri, experiment_id, study, record, reported)
+        except Exception as exc:  # noqa: BLE001 - best effort; Ray's records stay complete either way
+            failures += 1
+            log.warning("MLflow: could not bring trial %s's run up to date: %s", trial_id, _short(exc))
+    try:
+        client = MlflowClient(tracking_uri)
+        for run in client.search_runs([experiment_id], filter_string=f"tags.`{TAG_STATUS}` = '{STATUS_RUNNING}'"):
+            if run.data.tags.get(TAG_TRIAL) not in records:
+                client.log_batch(run.info.run_id, tags=[RunTag(TAG_STATUS, STATUS_FAILED), RunTag(
+                    TAG_ERROR, "trial lost with its study driver before Ray recorded it; the study ran its "
+                               "configuration again as another trial")])
+                client.set_terminated(run.info.run_id, MLFLOW_STATUS[STATUS_FAILED])
+    except Exception as exc:  # noqa: BLE001
+        failures += 1
+        log.warning("MLflow: could not check for runs of lost trials: %s", _short(exc))
+    return failures
+
+
+def _sync_trial(study_dir: Path, tracking_uri: str, experiment_id: str, study: str, record, reported: dict) -> None:
+    client = MlflowClient(tracking_uri)
+    run_id = find_trial_run(client, experiment_id, record.trial_id)
+    if run_id is None:
+        if not reported:
+            return  # the trial failed before its first epoch: Ray's record holds its error
+        from study.loop import run_params, spec_document
+        from study.runspec import RunSpec
+        from study.yamlio import dump_yaml, load_yaml
+
+        from study.results import TRIALS_DIR
+
+        spec = RunSpec.model_validate(load_yaml(study_dir / TRIALS_DIR / f"{record.trial_id}.yaml", "trial config"))
+        num_params = int(next(iter(reported.values())).get("num_params", 0))
+        logger = RunLogger(tracking_uri, experiment_id, trial_id=record.trial_id, run_name=record.name,
+                           study=study, params=run_params(spec, num_params), config_yaml=dump_yaml(spec_document(spec)))
+        if logger.run_id is None:
+            raise ConnectionError("the run could not be created")
+        run_id = logger.run_id
+    logged = {int(m.step) for m in client.get_metric_history(run_id, "epoch")}
+    missing = [metric for epoch in sorted(set(reported) - logged) for metric in epoch_metrics(epoch, reported[epoch])]
+    for start in range(0, len(missing), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=missing[start:start + METRICS_PER_BATCH])
+    last = reported[max(reported)] if reported else {}
+    close_run(tracking_uri, experiment_id, run_id=run_id, trial_id=record.trial_id, status=record.status,
+              error=record.error, checkpoint=last.get("checkpoint_path"), raise_errors=True)
 
 
 def flat_params(hyperparameters: dict, extra: dict) -> dict[str, str]:
@@ -177,11 +294,7 @@ class RunLogger:
         """Metrics of one epoch with step = epoch; an epoch already in the run is skipped (restarted trials)."""
         if not self.enabled or epoch in self._logged_steps:
             return
-        now = int(time.time() * 1000)
-        self._pending.append(Metric("epoch", float(epoch), now, epoch))
-        for key, value in metrics.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                self._pending.append(Metric(key, float(value), now, epoch))
+        self._pending += epoch_metrics(epoch, metrics)
         self._logged_steps.add(epoch)
         self.flush()
 
@@ -222,5 +335,5 @@ class RunLogger:
 
 
 def _short(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
+    text = redact(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text[:300]}"

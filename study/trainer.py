@@ -38,12 +38,13 @@ def plan_run(spec: RunSpec, num_train: int | None) -> LoopPlan:
 
 
 def build_trainer(spec: RunSpec, task_data, *, name: str, storage_path: Path, tracking: TrackingTarget | None,
-                  callbacks: list, max_failures: int) -> TorchTrainer:
+                  callbacks: list, max_failures: int, worker_resources: dict | None = None) -> TorchTrainer:
     """The trainer of one run. `name` + `storage_path` identify it: a trainer built again with the same ones (a
-    restarted trial) resumes from the run's latest checkpoint."""
+    restarted trial) resumes from the run's latest checkpoint. `worker_resources`: custom Ray resources each worker
+    asks for on top of its CPUs and GPUs (placement on a kind of node; not part of what the run computes)."""
     plan = plan_run(spec, task_data.num_train)
     resources = spec.resources
-    per_worker = {"CPU": resources.cpus_per_worker}
+    per_worker = {"CPU": resources.cpus_per_worker, **(worker_resources or {})}
     if resources.gpus_per_worker:
         per_worker["GPU"] = resources.gpus_per_worker
     return TorchTrainer(

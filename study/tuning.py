@@ -13,9 +13,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -34,17 +35,23 @@ from study.runspec import Resources, complete_hyperparameters
 from study.search import make_scheduler, make_searcher
 from study.space import SearchSpace, load_space
 from study.tracking import (
+    MLFLOW_CREDENTIAL_VARIABLES,
     STATUS_COMPLETED,
     STATUS_EARLY_STOPPED,
     STATUS_FAILED,
+    check_store,
     close_run,
     ensure_experiment,
     local_store,
+    redact,
+    sync_runs,
+    without_credentials,
 )
 from study.trainer import build_trainer, plan_run
 from study.yamlio import dump_yaml
 
 TRAIN_DIR = "train"
+EXPERIMENT_STATE_EVERY_S = 2
 PROGRESS_EVERY_S = 30.0
 # Tune re-runs a trial whose driver died (its node was lost); the trial resumes from its Train checkpoints.
 # Worker crashes are retried inside the trial by Ray Train (--max-failures).
@@ -63,6 +70,7 @@ class StudyContext:
     tracking_uri: str
     experiment_id: str
     max_failures: int
+    worker_resources: dict = field(default_factory=dict)  # custom Ray resources each Train worker asks for
 
 
 @dataclass
@@ -80,6 +88,7 @@ class RunOptions:
     seed: int | None = None
     resume: bool = False
     max_failures: int = 2
+    worker_resources: dict = field(default_factory=dict)
 
 
 # ---- the trial driver (one per trial, runs in a Tune trial actor) -------------------------------------------------
@@ -110,6 +119,7 @@ def trial_driver(config: dict, study: StudyContext) -> None:
         tracking=TrackingTarget(study.tracking_uri, study.experiment_id, trial_name, trial_id, study.name),
         callbacks=[TuneReportCallback()],
         max_failures=study.max_failures,
+        worker_resources=study.worker_resources,
     )
     trainer.fit()
 
@@ -204,10 +214,13 @@ class StudyProgress(Callback):
 
 
 def run_study(options: RunOptions) -> int:
-    """Everything that can be checked is checked before the study folder is created or touched."""
+    """Everything that can be checked is checked before Ray starts and before the study folder is created or
+    touched: the space and every config it can produce (the keys the data shapes wait for the data), the flags,
+    the study folder, the tracking server and the cluster address. Then the checks that need the cluster and the
+    data (sizing, batch size against the split) run before the first trial."""
     space_path = Path(options.space)
     space = load_space(space_path)
-    space.check_configs(models_too=False)  # the training keys need no data: fail before starting Ray
+    space.check_configs(before_data=True)
     name = options.name or space.name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise UserError(f"--name {name!r}: use letters, digits, '_', '.' and '-' (it names a folder)")
@@ -216,9 +229,15 @@ def run_study(options: RunOptions) -> int:
     stored = _check_study_folder(study_dir, space_path, options)
     seed = stored["seed"] if stored else (options.seed if options.seed is not None else space.seed)
     resources = Resources(**stored["resources"]) if stored else _resources(options)
+    worker_resources = stored.get("worker_resources", {}) if stored else dict(options.worker_resources)
     num_samples = stored["num_samples"] if stored else (options.num_samples or space.default_num_samples())
     if options.num_samples is not None and options.num_samples < 1:
         raise UserError(f"--num-samples: must be >= 1, got {options.num_samples}")
+    tracking_uri = _tracking_uri(options, stored, study_dir)
+    experiment_id = None
+    if tracking_uri:  # a tracking server: it must answer before anything starts
+        experiment_id = check_store(tracking_uri, name, must_be_new=not stored)
+    check_address(options.address)
     searcher, scheduler = make_searcher(space, seed), make_scheduler(space)
 
     connect_ray(options.address, storage)
@@ -228,29 +247,26 @@ def run_study(options: RunOptions) -> int:
         task_data.num_train))
     cluster = ray.cluster_resources()
     concurrency = trial_concurrency(resources, cluster, [n["Resources"] for n in ray.nodes() if n["Alive"]],
-                                    options.max_concurrent if not stored else stored["max_concurrent"])
+                                    options.max_concurrent if not stored else stored["max_concurrent"],
+                                    worker_resources=worker_resources)
 
-    tracking_uri = options.tracking_uri or (stored or {}).get("tracking_uri")
-    if stored and options.tracking_uri and options.tracking_uri != stored["tracking_uri"]:
-        raise UserError(f"--tracking-uri: this study logs to {stored['tracking_uri']}; resume it with that store")
-    if tracking_uri and not stored:  # a tracking server: make sure it answers before creating anything
-        experiment_id = ensure_experiment(tracking_uri, name, None, must_be_new=True)
     study_dir.mkdir(parents=True, exist_ok=True)
-    if not tracking_uri:
+    if tracking_uri:
+        experiment_id = experiment_id or ensure_experiment(tracking_uri, name, None, must_be_new=not stored)
+    else:
         tracking_uri, artifacts = local_store(study_dir)
         experiment_id = ensure_experiment(tracking_uri, name, artifacts, must_be_new=False)
-    elif stored:
-        experiment_id = stored["experiment_id"]
     if not stored:
         shutil.copyfile(space_path, study_dir / SPACE_FILE)
         meta = {"name": name, "space": str(space_path.resolve()), "created": datetime.now(timezone.utc).isoformat(),
                 "seed": seed, "num_samples": num_samples, "max_concurrent": options.max_concurrent,
-                "resources": resources.model_dump(), "tracking_uri": tracking_uri, "experiment_id": experiment_id,
+                "resources": resources.model_dump(), "worker_resources": worker_resources,
+                "tracking_uri": without_credentials(tracking_uri), "experiment_id": experiment_id,
                 "metric": space.metrics, "mode": space.modes}
         (study_dir / STUDY_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     context = StudyContext(name, str(study_dir), space, seed, resources, tracking_uri, experiment_id,
-                           options.max_failures)
+                           options.max_failures, worker_resources)
     trainable = tune.with_resources(tune.with_parameters(trial_driver, study=context),
                                     trial_driver_resources(cluster))
     callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.epochs), StudyProgress(space, num_samples)]
@@ -270,10 +286,47 @@ def run_study(options: RunOptions) -> int:
                 failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
             ),
         )
+    # Tune saves its experiment state (what --resume restores) at most this often: a killed driver loses at most
+    # these seconds of Tune's bookkeeping (its default waits 10 s or more between saves).
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
     tuner.fit()
     records = results.load_records(study_dir)
+    unsynced = sync_runs(study_dir, tracking_uri, experiment_id, name)
     print(results.summary(records, space, study_dir), flush=True)
+    if unsynced:
+        print(f"MLflow at {redact(tracking_uri)} did not answer: {unsynced} trial run(s) lack epochs Ray recorded; "
+              f"`lapstudy sync {study_dir}` sends them when it is back", flush=True)
     return 0
+
+
+def sync_study(study_dir: Path, tracking_uri: str | None) -> int:
+    """`lapstudy sync`: bring the study's MLflow runs up to date with Ray's records."""
+    meta = results.study_meta(study_dir)
+    saved = without_credentials(meta["tracking_uri"])
+    if tracking_uri and without_credentials(tracking_uri) != saved:
+        raise UserError(f"--tracking-uri: this study logs to {saved}")
+    uri = tracking_uri or meta["tracking_uri"]
+    check_store(uri, meta["name"], must_be_new=False)
+    left = sync_runs(Path(study_dir), uri, meta["experiment_id"], meta["name"])
+    if left:
+        raise UserError(f"--tracking-uri {redact(uri)}: {left} trial run(s) could not be brought up to date")
+    print(f"MLflow runs of study {meta['name']} match Ray's records ({redact(uri)})", flush=True)
+    return 0
+
+
+def _tracking_uri(options: RunOptions, stored: dict | None, study_dir: Path) -> str | None:
+    """The tracking server's URI, None for the study's own SQLite store. A resumed study keeps its store; the URI
+    saved in study.json carries no credentials, so a resume may pass it again with them."""
+    if not stored:
+        return options.tracking_uri
+    saved = without_credentials(stored["tracking_uri"])
+    if saved == local_store(study_dir)[0]:
+        if options.tracking_uri:
+            raise UserError(f"--tracking-uri: this study logs to its own store ({saved}); resume it without the flag")
+        return None
+    if options.tracking_uri and without_credentials(options.tracking_uri) != saved:
+        raise UserError(f"--tracking-uri: this study logs to {saved}; resume it with that store")
+    return options.tracking_uri or stored["tracking_uri"]
 
 
 def _resources(options: RunOptions) -> Resources:
@@ -308,12 +361,34 @@ def _check_study_folder(study_dir: Path, space_path: Path, options: RunOptions) 
     return stored
 
 
+ADDRESS_FORMS = "auto, HOST:PORT (the head's address, e.g. 10.0.0.5:6379) or ray://HOST:PORT"
+ADDRESS_TIMEOUT_S = 5.0
+
+
+def check_address(address: str | None) -> None:
+    """A clear error for an address that is not one, or where nothing answers: Ray itself would retry for minutes."""
+    if address is None or address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    host, colon, port = target.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536 or re.search(r"[\s/@]", target):
+        raise UserError(f"--address {address!r}: expected {ADDRESS_FORMS}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"--address {address}: cannot connect (nothing answers at {host}:{port}: {reason}); "
+                        "is the cluster up? (`ray status` on its head)") from None
+
+
 def connect_ray(address: str | None, storage: Path) -> None:
     """Start a local cluster (dashboard on: Tune needs it to clean up the placement groups of stopped trials) or
     join the one at `address`."""
     env = {"MLFLOW_DISABLE_TELEMETRY": "true"}
     env["HF_HOME"] = os.environ.get("HF_HOME") or str(storage / ".hf_home")
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN"):
+    # Passed to the workers in memory (Ray's runtime environment), never written to the study folder.
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", *MLFLOW_CREDENTIAL_VARIABLES):
         if key in os.environ:
             env[key] = os.environ[key]
     os.environ.setdefault("HF_HOME", env["HF_HOME"])
