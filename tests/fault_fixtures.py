@@ -254,6 +254,11 @@ def live_results(ray_tmp: Path, study: str) -> dict[str, list[dict]]:
     return _read_results(Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/*/result.json"))
 
 
+def live_trials(ray_tmp: Path, study: str) -> int:
+    """How many trials Tune has started so far (their folders in its staging folder)."""
+    return len(list(Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/trial_*/")))
+
+
 def _read_results(paths) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {}
     for path in sorted(paths):

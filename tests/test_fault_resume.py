@@ -41,7 +41,7 @@ from fault_fixtures import (
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 6
+EPOCHS = 5
 DIVERGING, KILLED, AFTER = 1.0e4, 1.0e-3, 2.0e-3
 SPACE = tiny_space(name="crash", epochs=EPOCHS, num_samples=3, points_to_evaluate=[
     {"lr": DIVERGING, "k": 0}, {"lr": KILLED, "k": 0}, {"lr": AFTER, "k": 2}])
