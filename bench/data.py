@@ -4,13 +4,18 @@
 (decode, random resized crop, flip; `--augment three_augment` adds 3-Augment) and the worker-side normalisation,
 with the same number of CPU workers on both sides. Measured side by side in one run; prints one JSON object:
 
-- ``ray_rows_per_s`` / ``torch_rows_per_s``: training rows per second of a warm epoch (the second one) through
-  `TaskData.train_batches` (Ray Data: read_parquet -> map_batches decode + augment -> local shuffle ->
-  iter_torch_batches) and through a DataLoader whose workers run the same `transform_batch` on the same batches of
-  encoded images (held in memory: the DataLoader is spared the parquet reads).
-- ``ratio``: ray / torch. Target >= 0.8.
-- ``*_first_batch_s``: time from asking for the first epoch to the first batch (Ray Data's executor start, the
-  DataLoader's worker start), cold.
+- ``ray_rows_per_s``: median training rows per second over warm epochs of `TaskData.train_batches` (Ray Data:
+  read_parquet -> map_batches decode + augment -> seeded local shuffle buffer -> iter_torch_batches -> normalise).
+- ``torch_rows_per_s``: the same work with a DataLoader: its workers read the same parquet row groups (in a seeded
+  order) and run the same `transform_batch`; the main process keeps a shuffle buffer of the same size and
+  normalises. ``ratio`` = ray / torch; target >= 0.8.
+- ``torch_in_memory_rows_per_s``: a DataLoader over the encoded images held in memory (map-style, random sampler,
+  the usual CIFAR set-up: no reads at all), and ``ratio_vs_in_memory``.
+  The three pipelines alternate epoch by epoch (this machine is shared: alternation keeps load drift out of the
+  ratios).
+- ``*_first_batch_s``: time from asking for the first epoch to the first batch, cold (Ray Data: executor start,
+  fresh task workers importing the transform, one map task's output, the shuffle buffer's fill; DataLoader: forked
+  workers), and the median over warm epochs.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import io
 import json
 import os
+import statistics
 import tempfile
 import time
 
@@ -50,17 +56,63 @@ def make_shards(root: str, rows: int, shards: int, seed: int = 0) -> list[bytes]
     return encoded, labels
 
 
-def time_epochs(make_iter, epochs: int) -> tuple[float, list[float]]:
-    first_batch, rates = None, []
-    for epoch in range(epochs):
-        start = time.perf_counter()
-        rows = 0
-        for batch in make_iter(epoch):
-            if first_batch is None:
-                first_batch = time.perf_counter() - start
-            rows += len(batch["label"])
-        rates.append(rows / (time.perf_counter() - start))
-    return first_batch, rates
+def time_epoch(batches) -> tuple[float, float]:
+    """(seconds to the first batch, rows per second) of one pass."""
+    start = time.perf_counter()
+    first, rows = None, 0
+    for batch in batches:
+        if first is None:
+            first = time.perf_counter() - start
+        rows += len(batch["label"])
+    return first, rows / (time.perf_counter() - start)
+
+
+class ParquetStream(torch.utils.data.IterableDataset):
+    """Row groups of the parquet shards, split across the DataLoader workers, decoded and augmented in chunks."""
+
+    def __init__(self, files, spec, seed, epoch, chunk):
+        import pyarrow.parquet as pq
+
+        self.units = [(f, g) for f in files for g in range(pq.ParquetFile(f).num_row_groups)]
+        self.spec, self.seed, self.epoch, self.chunk = spec, seed, epoch, chunk
+
+    def __iter__(self):
+        import pyarrow.parquet as pq
+
+        from study.data.images import transform_batch
+
+        info = torch.utils.data.get_worker_info()
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.units))
+        for index in order[info.id::info.num_workers] if info else order:
+            path, group = self.units[index]
+            table = pq.ParquetFile(path).read_row_group(group, columns=["image", "label"])
+            images = table.column("image").to_numpy(zero_copy_only=False)
+            labels = table.column("label").to_numpy()
+            for i in range(0, len(labels), self.chunk):
+                out = transform_batch({"image": images[i:i + self.chunk], "label": labels[i:i + self.chunk]},
+                                      self.spec, train=True, seed=self.seed)
+                yield {"image": torch.from_numpy(out["image"]), "label": torch.from_numpy(out["label"])}
+
+
+def shuffled_batches(parts, buffer_rows: int, batch_size: int, rng: np.random.Generator):
+    """A local shuffle buffer like Ray Data's: once it holds buffer_rows rows, emit random batches from it."""
+    images, labels = [], []
+    held = 0
+    for part in parts:
+        images.append(part["image"])
+        labels.append(part["label"])
+        held += len(part["label"])
+        while held >= buffer_rows + batch_size:
+            all_images, all_labels = torch.cat(images), torch.cat(labels)
+            pick = torch.from_numpy(rng.permutation(held))
+            take, keep = pick[:batch_size], pick[batch_size:]
+            yield {"image": all_images[take], "label": all_labels[take]}
+            images, labels, held = [all_images[keep]], [all_labels[keep]], held - batch_size
+    all_images, all_labels = torch.cat(images), torch.cat(labels)
+    pick = torch.from_numpy(rng.permutation(held))
+    for start in range(0, held - batch_size + 1, batch_size):  # drop_last, as train_batches does
+        take = pick[start:start + batch_size]
+        yield {"image": all_images[take], "label": all_labels[take]}
 
 
 class EncodedImages(torch.utils.data.Dataset):
@@ -86,7 +138,7 @@ def main():
     parser.add_argument("--workers", type=int, default=2, help="CPU workers on each side")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--augment", default="basic", choices=["basic", "three_augment"])
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3, help="warm epochs of each pipeline, after a cold one")
     args = parser.parse_args()
 
     import ray
@@ -110,10 +162,10 @@ def main():
     ray.data.DataContext.get_current().enable_progress_bars = False
     ray_init_s = time.perf_counter() - start
     data = load_task_data("classification", cfg, seed=0)
-    ray_first, ray_rates = time_epochs(
-        lambda e: data.train_batches(data.datasets["train"], batch_size=args.batch_size, epoch=e, seed=0,
-                                     device="cpu"), args.epochs)
-    ray.shutdown()
+
+    def ray_epoch(epoch):
+        return data.train_batches(data.datasets["train"], batch_size=args.batch_size, epoch=epoch, seed=0,
+                                  device="cpu")
 
     # --- torch DataLoader: same transform code, same batches of work, same worker count ------------------------
     spec = ImageSpec(image_size=32, in_chans=3, augment=args.augment)
@@ -135,16 +187,37 @@ def main():
                 pending = []
                 yield mixer({"image": images, "label": labels_}, np.random.default_rng(epoch))
 
-    torch_first, torch_rates = time_epochs(torch_epoch, args.epochs)
+    files = sorted(os.path.join(f"{root}/train", f) for f in os.listdir(f"{root}/train"))
+
+    def torch_stream_epoch(epoch):
+        stream = ParquetStream(files, spec, seed=0, epoch=epoch, chunk=IMAGE_MAP_BATCH)
+        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers, prefetch_factor=4)
+        rng = np.random.default_rng([0, epoch])
+        for batch in shuffled_batches(loader, data.shuffle_buffer, args.batch_size, rng):
+            yield mixer(batch, rng)
+
+    ray_runs, torch_runs, memory_runs = [time_epoch(ray_epoch(0))], [time_epoch(torch_stream_epoch(0))], \
+        [time_epoch(torch_epoch(0))]  # cold
+    for epoch in range(1, args.epochs + 1):  # warm, alternating
+        ray_runs.append(time_epoch(ray_epoch(epoch)))
+        torch_runs.append(time_epoch(torch_stream_epoch(epoch)))
+        memory_runs.append(time_epoch(torch_epoch(epoch)))
+    ray.shutdown()
+    median = lambda runs, i: statistics.median(r[i] for r in runs[1:])  # noqa: E731
     result = {
         "rows": args.rows, "workers": args.workers, "batch_size": args.batch_size, "augment": args.augment,
         "image": "32x32 PNG", "cpus_on_machine": os.cpu_count(),
-        "ray_rows_per_s": round(ray_rates[-1], 1), "torch_rows_per_s": round(torch_rates[-1], 1),
-        "ratio": round(ray_rates[-1] / torch_rates[-1], 3), "target_ratio": 0.8,
-        "ray_first_batch_s": round(ray_first, 3), "torch_first_batch_s": round(torch_first, 3),
+        "ray_rows_per_s": round(median(ray_runs, 1), 1), "torch_rows_per_s": round(median(torch_runs, 1), 1),
+        "ratio": round(median(ray_runs, 1) / median(torch_runs, 1), 3), "target_ratio": 0.8,
+        "torch_in_memory_rows_per_s": round(median(memory_runs, 1), 1),
+        "ratio_vs_in_memory": round(median(ray_runs, 1) / median(memory_runs, 1), 3),
+        "ray_first_batch_s": round(ray_runs[0][0], 3), "torch_first_batch_s": round(torch_runs[0][0], 3),
+        "ray_first_batch_warm_s": round(median(ray_runs, 0), 3),
+        "torch_first_batch_warm_s": round(median(torch_runs, 0), 3),
         "ray_init_s": round(ray_init_s, 2),
-        "ray_rows_per_s_each_epoch": [round(r, 1) for r in ray_rates],
-        "torch_rows_per_s_each_epoch": [round(r, 1) for r in torch_rates],
+        "ray_rows_per_s_each_epoch": [round(r[1], 1) for r in ray_runs],
+        "torch_rows_per_s_each_epoch": [round(r[1], 1) for r in torch_runs],
+        "torch_in_memory_rows_per_s_each_epoch": [round(r[1], 1) for r in memory_runs],
     }
     print(json.dumps(result, indent=2))
 

@@ -67,10 +67,6 @@ class _ImageSource(_Source):
             raise ValueError("std must have one positive value per mean value")
         return self
 
-    @property
-    def mixes(self) -> bool:
-        return self.mixup > 0 or self.cutmix > 0 or self.label_smoothing > 0
-
 
 class _TextSource(_Source):
     task: ClassVar[str] = LANGUAGE_MODELING

@@ -38,6 +38,7 @@ class TaskData:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["datasets"] = {}  # the datasets stay on the driver; workers use get_dataset_shard
+        state.pop("_byte_table", None)
         return state
 
     def data_config(self):
@@ -97,7 +98,10 @@ class TaskData:
 
         tokens = batch["tokens"].long()
         targets = tokens[:, 1:]
-        table = torch.from_numpy(self.token_bytes.astype(np.int64)).to(targets.device)
+        table = self.__dict__.get("_byte_table")
+        if table is None or table.device != targets.device:
+            table = torch.from_numpy(self.token_bytes.astype(np.int64)).to(targets.device)
+            self.__dict__["_byte_table"] = table  # cached per process; not pickled (see __getstate__)
         return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": table[targets]}
 
 
