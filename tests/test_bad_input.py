@@ -104,6 +104,9 @@ CASES = [
     Case("workers-per-trial-zero", [*RUN, "--workers-per-trial", "0"], ["--workers-per-trial", ">= 1"]),
     Case("negative-cpus-per-worker", [*RUN, "--cpus-per-worker", "-1"], ["--cpus-per-worker", "> 0"]),
     Case("unknown-flag", [*RUN, "--epochs", "3"], ["unrecognized arguments: --epochs", "--help"]),
+    Case("abbreviated-flag", [*RUN, "--num-sam", "3"], ["unrecognized arguments: --num-sam", "--help"]),
+    Case("worker-resource-malformed", [*RUN, "--worker-resource", "spot"], ["--worker-resource 'spot'", "NAME=AMOUNT"]),
+    Case("worker-resource-standard-name", [*RUN, "--worker-resource", "GPU=1"], ["--worker-resource", "--*-per-worker"]),
     Case("unknown-command", ["fly", "{space}"], ["invalid choice: 'fly'", "run"]),
     Case("bad-study-name", ["run", "{space}", "--storage", "{storage}", "--name", "my study/1"], ["--name", "letters, digits"]),
     Case("existing-study-without-resume", ["run", "{space}", "--storage", "{storage}", "--name", EXISTING],
@@ -124,6 +127,9 @@ CASES = [
     Case("export-not-a-study", ["export", "{storage}"], ["not a study folder", "lapstudy run"]),
     Case("export-top-zero", ["export", "{existing}", "--top", "0"], ["--top", ">= 1"]),
     Case("status-not-a-study", ["status", "{storage}/nowhere"], ["not a study folder"]),
+    Case("sync-not-a-study", ["sync", "{storage}/nowhere"], ["not a study folder"]),
+    Case("sync-another-store", ["sync", "{existing}", "--tracking-uri", "http://127.0.0.1:{port}"],
+         ["--tracking-uri", "this study logs to sqlite:"]),
     Case("ui-port-out-of-range", ["ui", "{existing}", "--port", "70000"], ["--port", "1..65535"]),
 ]
 
