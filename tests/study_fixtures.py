@@ -24,6 +24,9 @@ def ray_address():
     stops), in a short private temp folder; shut down when the module's tests are done."""
     import ray
 
+    # An in-process Ray instance left by another module's fixture (the data tests share one per session) would
+    # make ray.init fail and hold the CPUs these studies need.
+    ray.shutdown()
     temp = Path(tempfile.mkdtemp(prefix="lss", dir="/tmp"))
     ray.init(num_cpus=2, include_dashboard=True, _temp_dir=str(temp), log_to_driver=False,
              logging_level="ERROR")
