@@ -306,8 +306,10 @@ def sync_study(study_dir: Path, tracking_uri: str | None) -> int:
     if tracking_uri and without_credentials(tracking_uri) != saved:
         raise UserError(f"--tracking-uri: this study logs to {saved}")
     uri = tracking_uri or meta["tracking_uri"]
-    check_store(uri, meta["name"], must_be_new=False)
-    left = sync_runs(Path(study_dir), uri, meta["experiment_id"], meta["name"])
+    own_store, artifacts = local_store(study_dir)
+    # Created again if the store lost it: the runs are rebuilt from Ray's records.
+    experiment_id = ensure_experiment(uri, meta["name"], artifacts if uri == own_store else None, must_be_new=False)
+    left = sync_runs(Path(study_dir), uri, experiment_id, meta["name"])
     if left:
         raise UserError(f"--tracking-uri {redact(uri)}: {left} trial run(s) could not be brought up to date")
     print(f"MLflow runs of study {meta['name']} match Ray's records ({redact(uri)})", flush=True)
