@@ -138,13 +138,15 @@ PASSWORD = "s3cret-fault-pw"
 
 @pytest.fixture(scope="module")
 def tracking_lost(cluster, tmp_path_factory):
+    """The server is killed after the first trial's first epoch and stays away until the study has ended; then it
+    comes back on the same store and `lapstudy sync` sends MLflow what Ray recorded meanwhile."""
     root = tmp_path_factory.mktemp("tracking")
     port = free_port()
     uri = f"http://lapuser:{PASSWORD}@127.0.0.1:{port}"
     space = write_space(root / "tracking.yaml", tiny_space(name="tracking", epochs=TRACKING_EPOCHS))
     study_dir = root / "studies" / "tracking"
     env = {**cluster.env, "HF_TOKEN": HF_TOKEN}
-    state = SimpleNamespace(root=root, study_dir=study_dir, env=env, url=f"http://127.0.0.1:{port}")
+    state = SimpleNamespace(root=root, study_dir=study_dir, env=env)
     with mlflow_server(root / "server", port, root / "server.log") as server:
         study = Lapstudy(["run", space, "--storage", root / "studies", "--address", cluster.cluster.address,
                           "--max-concurrent", "1", "--tracking-uri", uri], env, root / "study.log")
@@ -157,22 +159,16 @@ def tracking_lost(cluster, tmp_path_factory):
             state.first_trial = wait_for(first_epoch, 240, "the first epoch of the first trial")
             server.stop()
             state.stopped_at_epoch = reported_epochs(live_results(cluster.ray_tmp, "tracking"))[state.first_trial]
-
-            def second_trial_started():
-                assert not study.finished(), "the study ended while the server was away:\n" + study.log()
-                return live_trials(cluster.ray_tmp, "tracking") == 2
-
-            # Back while the second trial starts: that trial's worker cannot reach it at first and catches up
-            # live; the first trial, over before the server came back, is caught up when the study ends.
-            wait_for(second_trial_started, 240, "the second trial to start while the server is away")
-            server.start()
+            state.mlflow_before = mlflow_runs(f"sqlite:///{root / 'server' / 'mlflow.db'}", "tracking")
             state.code = study.wait(300)
             state.log = study.log(20000)
         finally:
             study.close()
+        assert state.code == 0, state.log
+        state.tune = tune_results(study_dir)
+        server.start()
+        state.sync = run_lapstudy(["sync", study_dir, "--tracking-uri", uri], env, timeout=180)
         state.mlflow = mlflow_runs(server.url, "tracking")
-    state.tune = tune_results(study_dir)
-    assert state.code == 0, state.log
     return state
 
 
@@ -184,19 +180,35 @@ def test_tracking_lost_training_goes_on_and_ray_keeps_every_result(tracking_lost
     for trial, rows in tracking_lost.tune.items():
         assert [r["epoch"] for r in rows] == list(range(1, TRACKING_EPOCHS + 1))
         assert all(math.isfinite(r["val_acc"]) for r in rows)
+
+
+def test_study_says_what_mlflow_lacks(tracking_lost):
     assert tracking_lost.stopped_at_epoch < TRACKING_EPOCHS, "the server went away mid-trial"
+    assert "did not answer" in tracking_lost.log and "lapstudy sync" in tracking_lost.log
+    # What MLflow had when the server died: the epochs Tune had seen, perhaps one more (logged just before its report).
+    (run,) = tracking_lost.mlflow_before[tracking_lost.first_trial]
+    logged = epoch_steps(run)
+    assert logged == list(range(1, len(logged) + 1)) and len(logged) - tracking_lost.stopped_at_epoch in (0, 1)
 
 
-def test_tracking_back_mlflow_catches_up(tracking_lost):
-    """The run of the trial that was live when the server came back has every epoch (what it could not send was
-    kept and sent later); the trial that ended during the outage is recovered from Ray's records at the end."""
+def test_sync_sends_mlflow_what_ray_recorded_while_it_was_away(tracking_lost):
+    """The first trial's run gets its missing epochs and its status; the second trial, which ran entirely while the
+    server was away, gets its run created (params and config from its run config) with every epoch."""
+    assert tracking_lost.sync.returncode == 0, tracking_lost.sync.stderr
+    assert PASSWORD not in tracking_lost.sync.stdout + tracking_lost.sync.stderr
     runs = tracking_lost.mlflow
     assert set(runs) == set(tracking_lost.tune)
-    for trial, (run,) in ((t, r) for t, r in runs.items()):
-        assert epoch_steps(run, "val_acc") == list(range(1, TRACKING_EPOCHS + 1)), (trial, run["history"])
-        reported = {r["epoch"]: r["val_acc"] for r in tracking_lost.tune[trial]}
-        assert dict(run["history"]["val_acc"]) == pytest.approx(reported)
+    assert runs[tracking_lost.first_trial][0]["run_id"] == \
+        tracking_lost.mlflow_before[tracking_lost.first_trial][0]["run_id"], "the first trial keeps its run"
+    for trial, trial_runs in runs.items():
+        assert len(trial_runs) == 1, f"trial {trial}: {len(trial_runs)} runs"
+        (run,) = trial_runs
+        rows = tracking_lost.tune[trial]
+        for key in ("epoch", "train_loss", "val_acc"):
+            assert epoch_steps(run, key) == list(range(1, TRACKING_EPOCHS + 1)), (trial, key)
+        assert dict(run["history"]["val_acc"]) == pytest.approx({r["epoch"]: r["val_acc"] for r in rows})
         assert run["tags"]["lapstudy.status"] == "completed" and run["status"] == "FINISHED"
+        assert float(run["params"]["lr"]) == pytest.approx(rows[0]["config"]["lr"])
 
 
 def test_tracking_unreachable_at_start_is_refused(cluster, tmp_path):

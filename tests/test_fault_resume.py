@@ -87,6 +87,7 @@ def crash(tmp_path_factory):
         # Ray's processes outlive their driver (some exit on their own within seconds, some never do).
         time.sleep(5)
         state.left_behind = kill_recorded(state.recorded[1:])
+        print(f"\nRay processes still alive 5 s after the driver's SIGKILL, ended by recorded id: {state.left_behind}")
 
         started = time.monotonic()
         resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log")
