@@ -14,8 +14,8 @@ with the same number of CPU workers on both sides. Measured side by side in one 
   The three pipelines alternate epoch by epoch (this machine is shared: alternation keeps load drift out of the
   ratios).
 - ``*_first_batch_s``: time from asking for the first epoch to the first batch, cold (Ray Data: executor start,
-  fresh task workers importing the transform, one map task's output, the shuffle buffer's fill; DataLoader: forked
-  workers), and the median over warm epochs.
+  fresh task workers importing the transform, one map task's output, the shuffle buffer's fill; DataLoader: spawning
+  its persistent workers, which import the same modules), and the median over warm epochs.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ def time_epoch(batches) -> tuple[float, float]:
 class ParquetStream(torch.utils.data.IterableDataset):
     """Row groups of the parquet shards, split across the DataLoader workers, decoded and augmented in chunks."""
 
-    def __init__(self, files, spec, seed, epoch, chunk):
+    def __init__(self, files, spec, seed, chunk):
         import pyarrow.parquet as pq
 
         self.units = [(f, g) for f in files for g in range(pq.ParquetFile(f).num_row_groups)]
-        self.spec, self.seed, self.epoch, self.chunk = spec, seed, epoch, chunk
+        self.spec, self.seed, self.chunk, self.epoch = spec, seed, chunk, 0
 
     def __iter__(self):
         import pyarrow.parquet as pq
@@ -83,6 +83,7 @@ class ParquetStream(torch.utils.data.IterableDataset):
 
         info = torch.utils.data.get_worker_info()
         order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.units))
+        self.epoch += 1  # persistent workers keep their copy: count the epochs there
         for index in order[info.id::info.num_workers] if info else order:
             path, group = self.units[index]
             table = pq.ParquetFile(path).read_row_group(group, columns=["image", "label"])
@@ -134,7 +135,7 @@ class EncodedImages(torch.utils.data.Dataset):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--rows", type=int, default=50_000, help="training images (CIFAR: 50 000)")
     parser.add_argument("--workers", type=int, default=2, help="CPU workers on each side")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--augment", default="basic", choices=["basic", "three_augment"])
@@ -172,14 +173,17 @@ def main():
     dataset = EncodedImages(encoded, labels, spec, seed=0)
     mixer = data.mixer
 
+    # spawned (not forked: the parent holds Ray's and torch's threads), persistent workers, started in the cold epoch
+    loader_args = {"batch_size": None, "num_workers": args.workers, "prefetch_factor": 4,
+                   "persistent_workers": True, "multiprocessing_context": "spawn"}
+    sampler = torch.utils.data.BatchSampler(
+        torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(0)), IMAGE_MAP_BATCH,
+        drop_last=False)
+    memory_loader = torch.utils.data.DataLoader(dataset, sampler=sampler, **loader_args)
+
     def torch_epoch(epoch):
-        generator = torch.Generator().manual_seed(epoch)
-        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(dataset, generator=generator),
-                                                IMAGE_MAP_BATCH, drop_last=False)
-        loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=args.workers,
-                                             persistent_workers=False, prefetch_factor=4)
         pending = []
-        for part in loader:  # regroup the map-sized batches into training batches, as Ray Data does
+        for part in memory_loader:  # regroup the map-sized batches into training batches, as Ray Data does
             pending.append(part)
             if sum(len(p["label"]) for p in pending) >= args.batch_size:
                 images = torch.cat([p["image"] for p in pending])
@@ -189,11 +193,12 @@ def main():
 
     files = sorted(os.path.join(f"{root}/train", f) for f in os.listdir(f"{root}/train"))
 
+    stream_loader = torch.utils.data.DataLoader(ParquetStream(files, spec, seed=0, chunk=IMAGE_MAP_BATCH),
+                                                **loader_args)
+
     def torch_stream_epoch(epoch):
-        stream = ParquetStream(files, spec, seed=0, epoch=epoch, chunk=IMAGE_MAP_BATCH)
-        loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=args.workers, prefetch_factor=4)
         rng = np.random.default_rng([0, epoch])
-        for batch in shuffled_batches(loader, data.shuffle_buffer, args.batch_size, rng):
+        for batch in shuffled_batches(stream_loader, data.shuffle_buffer, args.batch_size, rng):
             yield mixer(batch, rng)
 
     ray_runs, torch_runs, memory_runs = [time_epoch(ray_epoch(0))], [time_epoch(torch_stream_epoch(0))], \
