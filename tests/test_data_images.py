@@ -179,3 +179,11 @@ def test_grayscale_images_keep_one_channel(ray_local, tmp_path):
     data = load_task_data("classification", cfg, seed=0)
     assert data.model_overrides == {"num_classes": 3, "image_size": 16, "in_chans": 1}
     assert _train(data, batch_size=3)[0]["image"].shape == (3, 1, 16, 16)
+
+
+def test_a_wrong_column_is_a_user_error_naming_the_columns(ray_local, parquet_dir):
+    from study.errors import UserError
+
+    cfg = parse_dataset_config({"source": "parquet", "path": str(parquet_dir / "train"), "label_column": "fine"})
+    with pytest.raises(UserError, match="dataset.label_column: 'fine' is not a column of .*columns: image, label"):
+        load_task_data("classification", cfg, seed=0)

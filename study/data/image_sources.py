@@ -137,8 +137,16 @@ def _classes_from_labels(files: list[str], filesystem, label_column: str) -> int
     return int(high) + 1
 
 
+def _check_columns(path: str, filesystem, columns: dict[str, str]) -> None:
+    names = _parquet_metadata(path, filesystem).schema.to_arrow_schema().names
+    for field_name, column in columns.items():
+        if column not in names:
+            raise UserError(f"dataset.{field_name}: {column!r} is not a column of {path}; columns: {', '.join(names)}")
+
+
 def _parquet_images(cfg, *, seed: int, train_files, val_files, filesystem, image_column, label_column,
                     num_classes, in_chans, native_size, features, counts, preset: HubPreset | None, params) -> TaskData:
+    _check_columns(train_files[0], filesystem, {"image_column": image_column, "label_column": label_column})
     if num_classes is None:
         features = features or _features_in_schema(train_files[0], filesystem)
         num_classes = _classes_from_features(features, label_column) or _classes_from_labels(
