@@ -41,7 +41,10 @@ class EpochSource:
     def epoch(self) -> int:
         from ray.data import DataContext
 
-        key = (self.key, DataContext.get_current()._execution_idx)
+        execution = getattr(DataContext.get_current(), "_execution_idx", None)
+        if execution is None:  # a Ray Data without execution numbers: ask every time (slower, still exact)
+            return ray.get(self.clock.get.remote())
+        key = (self.key, execution)
         if key not in _SEEN:
             if len(_SEEN) > 64:
                 _SEEN.clear()
