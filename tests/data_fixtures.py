@@ -7,19 +7,28 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """A 2-CPU local Ray instance shared by every data test; reused when another fixture already started one."""
+def _ray_owner():
+    """Shuts down, at the end of the session, a Ray instance the data tests started (and no one else's)."""
+    started = []
+    yield started
     import ray
 
-    if ray.is_initialized():
-        yield ray
-        return
-    temp_dir = tempfile.mkdtemp(prefix="lsd", dir="/tmp")  # short: Ray's socket paths have a length limit
-    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
+    if started and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_local(_ray_owner):
+    """A 2-CPU local Ray instance shared by the data tests: reused when one is running (whoever started it), started
+    again when another test shut it down."""
+    import ray
+
+    if not ray.is_initialized():
+        temp_dir = tempfile.mkdtemp(prefix="lsd", dir="/tmp")  # short: Ray's socket paths have a length limit
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        _ray_owner.append(True)
+    return ray
 
 
 def write_cifar100_mirror(root, train_rows, test_rows):
