@@ -6,28 +6,16 @@ import tempfile
 import pytest
 
 
-@pytest.fixture(scope="session")
-def _ray_owner():
-    """Shuts down, at the end of the session, a Ray instance the data tests started (and no one else's)."""
-    started = []
-    yield started
-    import ray
-
-    if started and ray.is_initialized():
-        ray.shutdown()
-
-
 @pytest.fixture
-def ray_local(_ray_owner):
+def ray_local():
     """A 2-CPU local Ray instance shared by the data tests: reused when one is running (whoever started it), started
-    again when another test shut it down."""
+    again when another test shut it down; Ray shuts it down at exit."""
     import ray
 
     if not ray.is_initialized():
         temp_dir = tempfile.mkdtemp(prefix="lsd", dir="/tmp")  # short: Ray's socket paths have a length limit
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
-        _ray_owner.append(True)
     return ray
 
 
