@@ -55,12 +55,7 @@ def _field_path(loc: tuple, data: Any) -> list[str]:
             if part in {str(node.get(tag)) for tag in ("type", "source", "kind")}:
                 continue  # a union tag, not a field
         path.append(str(part))
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        else:
-            node = None
+        node = _child(node, part)
     return path
 
 
@@ -82,14 +77,18 @@ def _known_fields(model: type, loc: tuple, data: Any) -> list[str] | None:
             node_type = typing.get_args(node_type)[0]
         else:
             return None
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        else:
-            node = None
+        node = _child(node, part)
     node_type = _resolve(node_type, node)
     return list(node_type.model_fields) if _is_model(node_type) else None
+
+
+def _child(node: Any, part: Any) -> Any:
+    """The value at `part` of a parsed YAML node, or None where the path leaves the data."""
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None
 
 
 def _is_model(value) -> bool:
