@@ -9,6 +9,7 @@ rank 0 logs the epoch to MLflow (step = epoch) and every worker calls `ray.train
 from __future__ import annotations
 
 import math
+import os
 import random
 import tempfile
 import time
@@ -100,8 +101,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
         scheduler.load_state_dict(state["scheduler"])
         start_epoch, step, history = state["epoch"] + 1, state["step"], state["history"]
     # Ray's records (not MLflow) say where each report came from: which checkpoint this worker group started from
-    # (0: none) and on which node rank 0 runs. That is how a restart after a lost node or driver shows.
-    origin = {"resumed_from_epoch": start_epoch - 1, "worker_node_id": ray.get_runtime_context().get_node_id()}
+    # (0: none), on which node and in which process rank 0 runs. That is how a restart after a lost node, worker
+    # process or driver shows.
+    origin = {"resumed_from_epoch": start_epoch - 1, "worker_node_id": ray.get_runtime_context().get_node_id(),
+              "worker_pid": os.getpid()}
 
     if start_epoch > spec.epochs:  # restarted after the last checkpoint: hand the final result to Tune again
         final = {**history[-1], "mlflow_run_id": state.get("mlflow_run_id", ""), **origin}
@@ -227,10 +230,21 @@ class Evaluation:
     pictures: tuple | None = None  # (points, labels, variance parts, total) at geometry epochs
 
 
+def language_model_sums(logits: torch.Tensor, targets: torch.Tensor, target_bytes: torch.Tensor) -> torch.Tensor:
+    """[loss summed over all targets, number of targets, loss summed over targets that carry bytes, their bytes].
+    val_bpb divides the third by ln 2 times the fourth: end-of-text and other zero-byte targets count in val_loss
+    but not in bits per byte, so that val_bpb compares across tokenizers."""
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").double()
+    carries_bytes = target_bytes.flatten() > 0
+    return torch.stack([losses.sum(), losses.new_tensor(losses.numel()), losses[carries_bytes].sum(),
+                        target_bytes.sum().double()]).cpu()
+
+
 def _evaluate(raw, task_data, val_shard, spec, plan, device, autocast, world, rank, *, geometry, top_targets):
     lm = spec.task == "language_modeling"
     raw.eval()
-    sums = torch.zeros(3, dtype=torch.float64)  # loss (nats), predictions (or tokens), correct (or bytes)
+    # classification: loss (nats), predictions, correct; language: loss, tokens, loss on byte-carrying targets, bytes
+    sums = torch.zeros(4 if lm else 3, dtype=torch.float64)
     accumulator = cached_features = None
     max_batches = spec.geometry.max_batches
     with torch.no_grad():
@@ -241,10 +255,7 @@ def _evaluate(raw, task_data, val_shard, spec, plan, device, autocast, world, ra
                 out = raw(batch["input_ids" if lm else "image"], return_features=want)
             logits = (out.logits if want else out).float()
             if lm:
-                targets = batch["targets"]
-                sums += torch.tensor([
-                    F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item(),
-                    targets.numel(), batch["target_bytes"].sum().item()], dtype=torch.float64)
+                sums += language_model_sums(logits, batch["targets"], batch["target_bytes"])
             else:
                 labels = batch["label"]
                 sums += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(), len(labels),
@@ -266,7 +277,7 @@ def _evaluate(raw, task_data, val_shard, spec, plan, device, autocast, world, ra
     sums = _all_reduce(sums, world)
     metrics = {"val_loss": sums[0].item() / sums[1].item()}
     if lm:
-        metrics["val_bpb"] = sums[0].item() / (math.log(2) * sums[2].item())
+        metrics["val_bpb"] = sums[2].item() / (math.log(2) * sums[3].item())
     else:
         metrics["val_acc"] = sums[2].item() / sums[1].item()
     if not geometry:

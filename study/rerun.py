@@ -10,7 +10,7 @@ from pathlib import Path
 import ray
 from pydantic import ValidationError
 
-from study.data import load_task_data
+from study.data import load_task_data, preflight
 from study.errors import UserError, describe_validation_error
 from study.loop import TrackingTarget, spec_document
 from study.runspec import DATA_SHAPED_KEYS, Resources, RunSpec, check_run_config, complete_hyperparameters
@@ -52,6 +52,7 @@ def train_once(config: str, *, storage: str | None, tracking_uri: str | None, ad
     if tracking_uri:
         check_store(tracking_uri, EXPERIMENT, must_be_new=False)
     check_address(address)
+    preflight(spec.task, spec.dataset)  # a wrong or offline dataset fails in seconds, before Ray starts
     storage_dir = Path(storage or "studies/train").expanduser().resolve()
     connect_ray(address, storage_dir)
     # The config's workers must fit on this cluster, or Ray Train would wait for them forever.

@@ -53,7 +53,7 @@ MLFLOW_CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASS
                                "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
 _CREDENTIALS = re.compile(r"(\w+://)[^/\s@]+@")
 # What the training loop reports to Ray besides the epoch's metrics (Ray's records only, not MLflow metrics).
-RAY_ONLY_KEYS = frozenset({"mlflow_run_id", "resumed_from_epoch", "worker_node_id", "checkpoint_path"})
+RAY_ONLY_KEYS = frozenset({"mlflow_run_id", "resumed_from_epoch", "worker_node_id", "worker_pid", "checkpoint_path"})
 # MLflow caps a param value at 6000 characters and a batch at 100 params / 1000 metrics.
 MAX_PARAM_CHARS, PARAMS_PER_BATCH, METRICS_PER_BATCH = 6000, 100, 1000
 

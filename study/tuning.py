@@ -27,7 +27,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from study import results
 from study.results import SPACE_FILE, STUDY_FILE, TRIALS_DIR
-from study.data import load_task_data
+from study.data import load_task_data, preflight
 from study.errors import UserError
 from study.loop import TrackingTarget, spec_document
 from study.resources import trial_concurrency, trial_driver_resources
@@ -239,6 +239,7 @@ def run_study(options: RunOptions) -> int:
         experiment_id = check_store(tracking_uri, name, must_be_new=not stored)
     check_address(options.address)
     searcher, scheduler = make_searcher(space, seed), make_scheduler(space)
+    preflight(space.task, space.dataset)  # a wrong or offline dataset fails in seconds, before Ray starts
 
     connect_ray(options.address, storage)
     task_data = load_task_data(space.task, space.dataset, seed=seed)
@@ -401,7 +402,7 @@ def connect_ray(address: str | None, storage: Path) -> None:
             ray.init(address=address, **kwargs)
         else:
             ray.init(include_dashboard=True, **kwargs)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
+    except (ConnectionError, ValueError, RuntimeError, OSError) as exc:  # OSError: e.g. RAY_TMPDIR too long
         where = f"--address {address}" if address else "local Ray cluster"
         raise UserError(f"{where}: cannot connect ({' '.join(str(exc).split())[:200]})") from None
     # Ray's, Optuna's and MLflow's own log lines would bury the progress lines; errors still come through.

@@ -78,6 +78,9 @@ CASES = [
          space=_space(parameters=_params(k={"type": "uniform", "low": 0, "high": 1}), points_to_evaluate=[])),
     Case("unknown-task", RUN, ["task", "classification", "language_modeling"], space=_space(task="regression")),
     Case("unknown-dataset", RUN, ["dataset", "mnist", "digits"], space=_space(dataset={"source": "mnist"})),
+    # Offline (HF_HUB_OFFLINE, set for every test): refused in seconds, naming what works offline, before Ray starts.
+    Case("hub-dataset-offline", RUN, ["dataset", "cifar100", "parquet (local shards)", "digits"],
+         space=_space(dataset={"source": "hf", "name": "cifar100"})),
     Case("unknown-metric", RUN, ["metric", "accuracy", "val_acc"], space=_space(metric="accuracy")),
     Case("bad-mode", RUN, ["mode", "min", "max"], space=_space(mode="maximise")),
     Case("misspelt-top-level-field", RUN, ["epoch", "epochs"], space={**_space(), "epoch": 3}),

@@ -2,9 +2,12 @@
 stays out of configs."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from data_fixtures import ray_local  # noqa: F401
@@ -59,15 +62,15 @@ def test_hf_token_never_enters_the_config(monkeypatch):
         parse_dataset_config({"source": "hf", "name": "imagenet-1k", "token": "x"})
 
 
-@pytest.mark.slow
-def test_cli_exits_2_on_an_offline_hub_dataset(tmp_path):
+def test_cli_exits_2_on_an_offline_hub_dataset_before_ray_starts(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(
         "name: offline_cifar\ntask: classification\ndataset: {source: hf, name: cifar100}\nmetric: val_acc\n"
         "mode: max\nepochs: 1\nnum_samples: 1\nfixed: {preset: vit_tiny, batch_size: 32}\n"
         "parameters:\n  lr: {type: log_float, low: 5.0e-4, high: 3.0e-3}\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    ray_tmp = Path(tempfile.mkdtemp(prefix="lsh", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": str(ray_tmp)}
     env.pop(MIRROR_ENV, None)
     cli = [sys.executable, "-c", "import sys; from study.cli import main; sys.exit(main())"]
     result = subprocess.run(cli + ["run", str(space), "--storage", str(tmp_path / "studies")], env=env,
@@ -75,3 +78,7 @@ def test_cli_exits_2_on_an_offline_hub_dataset(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("lapstudy: error:")]
     assert len(errors) == 1 and ALTERNATIVES in errors[0] and "Traceback" not in result.stderr
+    started_ray = list(ray_tmp.iterdir())
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not started_ray, "the dataset is checked before Ray starts"
+    assert not (tmp_path / "studies").exists()

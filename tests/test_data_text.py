@@ -91,6 +91,41 @@ def test_txt_files_split_by_file_and_packed_in_order(ray_local, txt_corpus):
         assert torch.equal(batch["target_bytes"], (batch["targets"] != 256).long())
 
 
+def test_val_bpb_counts_the_loss_of_byte_carrying_targets_only(ray_local, txt_corpus):
+    """val_bpb = (loss over targets with bytes) / (ln 2 * bytes), by an explicit loop over a real packed stream:
+    the end-of-text separators (no bytes) count in val_loss but not in bits per byte."""
+    import math
+
+    from study.loop import language_model_sums
+
+    cfg = parse_dataset_config({"source": "text_files", "path": str(txt_corpus), "seq_len": 32,
+                                "val_fraction": 0.2, "tokenizer": "byte"})
+    data = load_task_data("language_modeling", cfg, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    sums = torch.zeros(4, dtype=torch.float64)
+    nats = all_nats = 0.0
+    byte_count = target_count = separators = 0
+    for batch in _stream(data, "val", batch_size=8):
+        logits = torch.randn(*batch["targets"].shape, 257, generator=generator)
+        sums += language_model_sums(logits, batch["targets"], batch["target_bytes"])
+        log_probs = torch.log_softmax(logits.double(), dim=-1)
+        for row, targets in enumerate(batch["targets"].tolist()):
+            for position, target in enumerate(targets):
+                loss = -log_probs[row, position, target].item()
+                all_nats += loss
+                target_count += 1
+                if target == 256:
+                    separators += 1
+                else:
+                    nats += loss
+                    byte_count += 1
+    assert separators > 0, "the stream should hold end-of-text targets"
+    assert sums[1].item() == target_count and sums[3].item() == byte_count
+    assert sums[0].item() / sums[1].item() == pytest.approx(all_nats / target_count, rel=1e-6)  # val_loss
+    assert sums[2].item() / (math.log(2) * sums[3].item()) == pytest.approx(nats / (math.log(2) * byte_count),
+                                                                             rel=1e-6)  # val_bpb
+
+
 def test_jsonl_hash_split_is_disjoint_deterministic_and_reshuffled_per_epoch(ray_local, tmp_path):
     docs = _documents(200, seed=1)
     for part in range(2):

@@ -2,7 +2,8 @@
 worker nodes sharing the study storage), with the study driver as a `lapstudy run --address` subprocess:
 
 - a worker node lost while a trial's Train worker, pinned to it by a custom resource, is training (a preempted spot
-  machine; the replacement node the autoscaler would start is added by the test);
+  machine; the replacement node the autoscaler would start is added by the test); in the same study, the next
+  trial's Train worker process is SIGKILLed (an out-of-memory kill, a segfault in a kernel);
 - the MLflow tracking server lost mid-study (a real `mlflow server`, SIGKILLed, later back on the same store), with
   credentials in the tracking URI and a hub token in the environment that must not reach any exported file.
 
@@ -12,6 +13,8 @@ One cluster serves both tests (start-up is the expensive part).
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from types import SimpleNamespace
 
@@ -19,6 +22,7 @@ import pytest
 
 from fault_fixtures import (
     Lapstudy,
+    Proc,
     epoch_steps,
     free_port,
     live_results,
@@ -84,6 +88,19 @@ def node_loss(cluster, tmp_path_factory):
         # The autoscaler's replacement for the preempted machine (same node type, so same custom resource).
         replacement = cluster.cluster.add_node(num_cpus=1, resources={SPOT: 1})
         state.replacement_node_id = replacement.node_id
+
+        def second_trial_at_epoch_two():
+            assert not study.finished(), "the study ended before the worker process was killed:\n" + study.log()
+            results = live_results(cluster.ray_tmp, "nodeloss")
+            rows = next((rows for trial, rows in results.items() if trial != state.trial), None)
+            return rows[-1] if rows and rows[-1]["epoch"] >= 2 else None
+
+        row = wait_for(second_trial_at_epoch_two, 240, "the second trial to report epoch 2")
+        state.crashed_trial, state.crash_seen = row["trial_id"], row["epoch"]
+        worker = Proc.read(row["worker_pid"])
+        assert worker is not None and worker.name.startswith("ray::"), f"rank 0's process: {worker}"
+        state.killed_worker = worker
+        os.kill(worker.pid, signal.SIGKILL)
         state.code = study.wait(360)
         state.seconds_after_loss = time.time() - state.removed_at
         state.log = study.log(20000)
@@ -107,6 +124,23 @@ def test_node_loss_trial_restarts_from_its_last_checkpoint(node_loss):
     assert node_loss.seen <= checkpoint_epoch <= last_before + 1
     assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1"
     # Ray's record of the trial: every epoch once, in order (what the lost worker did not report is re-run).
+    assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1))
+
+
+def test_worker_process_crash_restarts_the_trial_from_its_last_checkpoint(node_loss):
+    """Ray Train replaces the killed worker group (FailureConfig of the trial's TorchTrainer) on the same node and
+    resumes it from the trial's last checkpoint; Tune never sees the trial fail."""
+    rows = node_loss.tune[node_loss.crashed_trial]
+    killed = node_loss.killed_worker
+    before = [r for r in rows if r["worker_pid"] == killed.pid]
+    after = [r for r in rows if r["worker_pid"] != killed.pid]
+    assert before and after, "the trial never restarted"
+    assert not killed.alive()
+    assert {r["resumed_from_epoch"] for r in before} == {0}
+    checkpoint_epoch = after[0]["resumed_from_epoch"]
+    assert node_loss.crash_seen <= checkpoint_epoch <= before[-1]["epoch"] + 1
+    assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1"
+    assert {r["resumed_from_epoch"] for r in after} == {checkpoint_epoch}, "one restart, one worker group after it"
     assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1))
 
 
