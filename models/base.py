@@ -7,6 +7,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from models.block import Block
+from models.mixers import LayerContext, build_mixer
+
 
 class ModelOutput(NamedTuple):
     logits: torch.Tensor
@@ -17,13 +20,28 @@ class ModelOutput(NamedTuple):
 class MixerModel(nn.Module):
     """Base of the ViT and the GPT: forwards training-loop hooks to the token mixers that implement them.
 
-    Subclasses set ``self.blocks`` (each with a ``.mixer``) and ``self.mixer_kinds`` (the registry name per layer).
+    Subclasses build their layers with ``_build_blocks``, which sets ``self.blocks`` (each with a ``.mixer``) and
+    ``self.mixer_kinds`` (the registry name per layer).
     Mixers may implement ``regularization_loss()``, ``set_training_step(step, total_steps)``, ``stats()`` and
     ``slow_parameters()``; attention implements none of them.
     """
 
     blocks: nn.ModuleList
     mixer_kinds: list[str]
+
+    def _build_blocks(self, config, *, causal: bool, seq_len: int, proj_bias: bool, rope, **block_options) -> None:
+        """One Block per layer around the mixer its kind names, told what the layer is (its Laplacian head count,
+        causality, sequence length); stochastic depth rises linearly from 0 in the first layer to ``config.drop_path``
+        in the last."""
+        drop_rates = [config.drop_path * layer / max(config.depth - 1, 1) for layer in range(config.depth)]
+        self.mixer_kinds = config.mixer_kinds
+        self.blocks = nn.ModuleList()
+        for layer, kind in enumerate(config.mixer_kinds):
+            context = LayerContext(dim=config.dim, num_heads=config.num_heads, layer=layer,
+                                   laplacian_heads=config.laplacian_counts[layer], causal=causal, seq_len=seq_len,
+                                   qkv_bias=config.qkv_bias, proj_bias=proj_bias, rope=rope)
+            self.blocks.append(Block(config.dim, build_mixer(kind, context, config.mixer_options),
+                                     mlp_ratio=config.mlp_ratio, drop_path=drop_rates[layer], **block_options))
 
     def _mixers_with(self, method: str):
         return [block.mixer for block in self.blocks if hasattr(block.mixer, method)]

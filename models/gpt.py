@@ -13,9 +13,7 @@ import torch
 from torch import nn
 
 from models.base import MixerModel, ModelOutput
-from models.block import Block
 from models.config import TransformerConfig, _check_bool, _check_float, _check_int
-from models.mixers import LayerContext, build_mixer
 from models.rope import RotaryEmbedding
 
 
@@ -41,18 +39,7 @@ class GPT(MixerModel):
         self.wte = nn.Embedding(c.vocab_size, c.dim)
         # One table shared by all layers: RoPE has no parameters, so it costs nothing in the parameter count.
         self.rope = RotaryEmbedding(c.dim // c.num_heads, c.context_length, c.rope_base)
-        drop_rates = [c.drop_path * layer / max(c.depth - 1, 1) for layer in range(c.depth)]
-        self.mixer_kinds = c.mixer_kinds
-        self.blocks = nn.ModuleList(
-            Block(
-                c.dim,
-                build_mixer(kind, self._layer_context(layer), c.mixer_options),
-                mlp_ratio=c.mlp_ratio,
-                drop_path=drop_rates[layer],
-                bias=False,
-            )
-            for layer, kind in enumerate(c.mixer_kinds)
-        )
+        self._build_blocks(c, causal=True, seq_len=c.context_length, proj_bias=False, rope=self.rope, bias=False)
         self.norm = nn.LayerNorm(c.dim, bias=False)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
         if c.tie_embeddings:
@@ -62,20 +49,6 @@ class GPT(MixerModel):
         for name, p in self.named_parameters():
             if name.endswith(("proj.weight", "fc2.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.depth))
-
-    def _layer_context(self, layer: int) -> LayerContext:
-        c = self.config
-        return LayerContext(
-            dim=c.dim,
-            num_heads=c.num_heads,
-            layer=layer,
-            laplacian_heads=c.laplacian_counts[layer],
-            causal=True,
-            seq_len=c.context_length,
-            qkv_bias=c.qkv_bias,
-            proj_bias=False,
-            rope=self.rope,
-        )
 
     def forward(self, idx: torch.Tensor, return_features: bool = False):
         """idx (B, L) token ids -> logits (B, L, vocab), or ModelOutput whose tokens and feature are both the

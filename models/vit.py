@@ -13,10 +13,8 @@ import torch
 from torch import nn
 
 from models.base import MixerModel, ModelOutput
-from models.block import Block
 from models.config import TransformerConfig, _check_choice, _check_float, _check_int
 from models.errors import ConfigError
-from models.mixers import LayerContext, build_mixer
 
 
 @dataclass
@@ -52,37 +50,13 @@ class ViT(MixerModel):
         self.patch_embed = nn.Conv2d(c.in_chans, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, c.num_patches, c.dim))
-        drop_rates = [c.drop_path * layer / max(c.depth - 1, 1) for layer in range(c.depth)]
-        self.mixer_kinds = c.mixer_kinds
-        self.blocks = nn.ModuleList(
-            Block(
-                c.dim,
-                build_mixer(kind, self._layer_context(layer), c.mixer_options),
-                mlp_ratio=c.mlp_ratio,
-                drop_path=drop_rates[layer],
-                layer_scale_init=c.layer_scale_init,
-            )
-            for layer, kind in enumerate(c.mixer_kinds)
-        )
+        self._build_blocks(c, causal=False, seq_len=c.num_patches + 1, proj_bias=True, rope=None,
+                           layer_scale_init=c.layer_scale_init)
         self.norm = nn.LayerNorm(c.dim)
         self.head = nn.Linear(c.dim, c.num_classes)
         self.apply(_init_weights)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-
-    def _layer_context(self, layer: int) -> LayerContext:
-        c = self.config
-        return LayerContext(
-            dim=c.dim,
-            num_heads=c.num_heads,
-            layer=layer,
-            laplacian_heads=c.laplacian_counts[layer],
-            causal=False,
-            seq_len=c.num_patches + 1,
-            qkv_bias=c.qkv_bias,
-            proj_bias=True,
-            rope=None,
-        )
 
     def forward(self, images: torch.Tensor, return_features: bool = False):
         """images (B, C, H, W) -> logits (B, num_classes), or ModelOutput with the last-layer tokens (B, 1 + P, d)

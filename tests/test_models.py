@@ -1,8 +1,8 @@
 import pytest
 import torch
-import torch.nn.functional as F
 
 import models
+from digits_training import train_on_digits
 from models import ConfigError, build_model, count_parameters
 
 
@@ -107,30 +107,11 @@ def test_param_groups_cover_every_parameter_once():
 def test_tiny_vit_with_laplacian_heads_learns_digits():
     """8x8 scikit-learn digits, a tiny ViT with 2 of 4 heads Laplacian in every layer: >= 90% validation accuracy
     within 25 epochs on CPU."""
-    from sklearn.datasets import load_digits
-
     torch.manual_seed(0)
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
-    y = torch.tensor(digits.target)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    train, val = order[:1437], order[1437:]
     model = build_model({"preset": "vit_tiny_digits", "k": 2})
-    opt = torch.optim.AdamW(model.param_groups(weight_decay=0.05), lr=2e-3)
-    best = 0.0
-    for epoch in range(25):
-        model.train()
-        for batch in train[torch.randperm(len(train))].split(64):
-            loss = F.cross_entropy(model(x[batch]), y[batch])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            best = max(best, (model(x[val]).argmax(-1) == y[val]).float().mean().item())
-        if best >= 0.9:
-            break
-    assert best >= 0.9, f"best validation accuracy {best:.3f} after {epoch + 1} epochs"
+    optimizer = torch.optim.AdamW(model.param_groups(weight_decay=0.05), lr=2e-3)
+    best, epochs = train_on_digits(model, optimizer, epochs=25, target=0.9)
+    assert best >= 0.9, f"best validation accuracy {best:.3f} after {epochs} epochs"
 
 
 def test_config_error_survives_pickling():

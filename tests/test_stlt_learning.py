@@ -8,6 +8,7 @@ switched on from step 0, the usage penalty closes every gate before mixing has p
 import pytest
 import torch
 import torch.nn.functional as F
+from digits_training import train_on_digits
 from pydoc_data.topics import topics
 
 from models import build_model
@@ -61,29 +62,8 @@ def test_tiny_causal_stlt_gpt_beats_the_bigram_entropy():
 
 
 def test_tiny_stlt_vit_learns_digits():
-    from sklearn.datasets import load_digits
-
     torch.manual_seed(0)
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
-    y = torch.tensor(digits.target)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    train, val = order[:1437], order[1437:]
     model = build_model({"preset": "vit_tiny_digits", "mixer": "stlt", "stlt_nodes": 16})
-    opt = torch.optim.AdamW(model.param_groups(weight_decay=0.05, slow_lr_scale=0.1), lr=2e-3)
-    epochs, steps_per_epoch = 20, -(-len(train) // 64)
-    best = 0.0
-    for epoch in range(epochs):
-        model.train()
-        for i, batch in enumerate(train[torch.randperm(len(train))].split(64)):
-            model.set_training_step(epoch * steps_per_epoch + i, epochs * steps_per_epoch)
-            loss = F.cross_entropy(model(x[batch]), y[batch]) + model.regularization_loss()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            best = max(best, (model(x[val]).argmax(-1) == y[val]).float().mean().item())
-        if best >= 0.9:
-            break
-    assert best >= 0.9, f"best validation accuracy {best:.3f} after {epoch + 1} epochs"
+    optimizer = torch.optim.AdamW(model.param_groups(weight_decay=0.05, slow_lr_scale=0.1), lr=2e-3)
+    best, epochs = train_on_digits(model, optimizer, epochs=20, target=0.9)
+    assert best >= 0.9, f"best validation accuracy {best:.3f} after {epochs} epochs"

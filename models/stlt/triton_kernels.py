@@ -137,6 +137,22 @@ def _chunk_carry_kernel(
 
 
 @triton.jit
+def _readout_program(log_r_ptr, theta_ptr, c_r_ptr, c_i_ptr, S, D, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What a readout program (chunk, feature block, batch row) starts from: its ids, its (node, feature) tile, the
+    nodes' decays and the readout C on the tile."""
+    chunk = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    tile = (offs_s[:, None] < S) & (offs_d[None, :] < D)
+    a_r, a_i = _decay(log_r_ptr, theta_ptr, offs_s, S, 1.0)
+    c_r = tl.load(c_r_ptr + offs_s[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
+    c_i = tl.load(c_i_ptr + offs_s[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
+    return chunk, pid_d, b, offs_s, offs_d, tile, a_r, a_i, c_r, c_i
+
+
+@triton.jit
 def _forward_readout_kernel(
     x_ptr, mask_ptr, g_ptr, c_r_ptr, c_i_ptr, log_r_ptr, theta_ptr, state_ptr, out_ptr,
     N, S, D, n_chunks,
@@ -149,15 +165,8 @@ def _forward_readout_kernel(
     MASK_GRAD = False: y[n, :] (+)= sum_k mask[n, k] Re(C_k L_n)   into out (B, N, D)
     MASK_GRAD = True:  out[pid_d, n, k] (+)= sum_{d in block} G[n, d] Re(C_k L_n)   into out (D blocks, B, N, S)
     with L_n the scan state, minus x_n if SUBTRACT_INPUT (the bilateral sum counts x_n twice)."""
-    chunk = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    tile = (offs_s[:, None] < S) & (offs_d[None, :] < D)
-    a_r, a_i = _decay(log_r_ptr, theta_ptr, offs_s, S, 1.0)
-    c_r = tl.load(c_r_ptr + offs_s[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
-    c_i = tl.load(c_i_ptr + offs_s[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
+    chunk, pid_d, b, offs_s, offs_d, tile, a_r, a_i, c_r, c_i = _readout_program(
+        log_r_ptr, theta_ptr, c_r_ptr, c_i_ptr, S, D, BLOCK_S, BLOCK_D)
     p_r = tl.load(state_ptr + _state_offsets(b, chunk, n_chunks, 0, offs_s, offs_d, S, D, 2), mask=tile, other=0.0)
     p_i = tl.load(state_ptr + _state_offsets(b, chunk, n_chunks, 1, offs_s, offs_d, S, D, 2), mask=tile, other=0.0)
     for j in range(CHUNK):
@@ -200,15 +209,8 @@ def _backward_readout_kernel(
     (B, n_chunks, D blocks, 2, S).
     SUBTRACT_INPUT removes u_n from U_n in dx and dC (the bilateral adjoint counts u_n twice); the a-gradient uses
     UU - U, which already excludes the zero lag."""
-    chunk = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    tile = (offs_s[:, None] < S) & (offs_d[None, :] < D)
-    a_r, a_i = _decay(log_r_ptr, theta_ptr, offs_s, S, 1.0)
-    c_r = tl.load(c_r_ptr + offs_s[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
-    c_i = tl.load(c_i_ptr + offs_s[:, None] * D + offs_d[None, :], mask=tile, other=0.0)
+    chunk, pid_d, b, offs_s, offs_d, tile, a_r, a_i, c_r, c_i = _readout_program(
+        log_r_ptr, theta_ptr, c_r_ptr, c_i_ptr, S, D, BLOCK_S, BLOCK_D)
     p_r = tl.load(state_ptr + _state_offsets(b, chunk, n_chunks, 0, offs_s, offs_d, S, D, 4), mask=tile, other=0.0)
     p_i = tl.load(state_ptr + _state_offsets(b, chunk, n_chunks, 1, offs_s, offs_d, S, D, 4), mask=tile, other=0.0)
     q_r = tl.load(state_ptr + _state_offsets(b, chunk, n_chunks, 2, offs_s, offs_d, S, D, 4), mask=tile, other=0.0)
