@@ -18,6 +18,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -238,6 +239,31 @@ def private_ray_tmp(prefix: str = "lsf"):
         kill_recorded(leaked)
         if leaked:
             raise AssertionError(f"processes left running under {folder}: {[p.pid for p in leaked]}")
+
+
+@contextmanager
+def simulated_cluster(prefix: str, *node_resources: dict):
+    """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), one CPU per node, under a private
+    RAY_TMPDIR: the head (dashboard on, as Tune needs) holds the first custom resources, each further node the next.
+    Yields the cluster, its nodes in that order, its address and the environment of a `lapstudy` joining it."""
+    import pytest
+    from ray.cluster_utils import Cluster
+
+    with private_ray_tmp(prefix) as ray_tmp:
+        patch = pytest.MonkeyPatch()
+        patch.setenv("RAY_TMPDIR", str(ray_tmp))  # Cluster() writes its sessions under $RAY_TMPDIR/ray
+        cluster = Cluster(shutdown_at_exit=False)
+        try:
+            head_resources, *others = node_resources
+            nodes = [cluster.add_node(num_cpus=1, resources=head_resources, include_dashboard=True,
+                                      dashboard_port=free_port())]
+            nodes += [cluster.add_node(num_cpus=1, resources=resources) for resources in others]
+            cluster.wait_for_nodes()
+            yield SimpleNamespace(cluster=cluster, nodes=nodes, address=cluster.address, env=study_env(ray_tmp),
+                                  ray_tmp=ray_tmp)
+        finally:
+            cluster.shutdown()
+            patch.undo()
 
 
 # ---- Ray's records (the study folder) and MLflow's -----------------------------------------------------------------

@@ -29,8 +29,8 @@ from fault_fixtures import (
     live_trials,
     mlflow_runs,
     mlflow_server,
-    private_ray_tmp,
     reported_epochs,
+    simulated_cluster,
     run_lapstudy,
     study_env,
     tiny_space,
@@ -49,22 +49,8 @@ NODE_LOSS_EPOCHS = 6
 def cluster():
     """Head (trial drivers: it holds the `lapstudy_driver` resource, as in cluster.yaml), a spot worker node (the
     Train workers' custom resource) and a second worker node (Ray Data and whatever else needs a CPU)."""
-    from ray.cluster_utils import Cluster
-
-    with private_ray_tmp("lsc") as ray_tmp:
-        patch = pytest.MonkeyPatch()
-        patch.setenv("RAY_TMPDIR", str(ray_tmp))  # Cluster() writes its sessions under $RAY_TMPDIR/ray
-        cluster = Cluster(shutdown_at_exit=False)
-        try:
-            cluster.add_node(num_cpus=1, resources={"lapstudy_driver": 1}, include_dashboard=True,
-                             dashboard_port=free_port())
-            spot = cluster.add_node(num_cpus=1, resources={SPOT: 1})
-            cluster.add_node(num_cpus=1)
-            cluster.wait_for_nodes()
-            yield SimpleNamespace(cluster=cluster, spot=spot, env=study_env(ray_tmp), ray_tmp=ray_tmp)
-        finally:
-            cluster.shutdown()
-            patch.undo()
+    with simulated_cluster("lsc", {"lapstudy_driver": 1}, {SPOT: 1}, {}) as cluster:
+        yield SimpleNamespace(cluster=cluster.cluster, spot=cluster.nodes[1], env=cluster.env, ray_tmp=cluster.ray_tmp)
 
 
 @pytest.fixture(scope="module")
