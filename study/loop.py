@@ -115,7 +115,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if rank == 0 and target is not None:
         logger = RunLogger(
             target.tracking_uri, target.experiment_id, trial_id=target.trial_id, run_name=target.run_name,
-            study=target.study, params=run_params(spec, num_params), config_yaml=dump_yaml(spec_document(spec)),
+            study=target.study, params=run_params(spec, num_params, task_data.params),
+            config_yaml=dump_yaml(spec_document(spec)),
         )
         for past in history:  # epochs checkpointed but perhaps not yet in MLflow (the tracking server was away)
             logger.log_epoch(past["epoch"], past)
@@ -379,10 +380,13 @@ def _seed_everything(seed: int, *more: int) -> None:
     torch.manual_seed(value)
 
 
-def run_params(spec: RunSpec, num_params: int) -> dict[str, str]:
-    """MLflow params: every resolved hyperparameter under its space name, plus task, seed, epochs and data."""
+def run_params(spec: RunSpec, num_params: int, data: dict | None = None) -> dict[str, str]:
+    """MLflow params: every resolved hyperparameter under its space name, plus task, seed, epochs, the dataset as
+    configured and, from the trial itself, what the data resolved to (`data.*`: split sizes, tokenizer, ...)."""
     extra = {"task": spec.task, "seed": spec.seed, "epochs": spec.epochs, "num_params": num_params,
              "workers": spec.resources.workers, "dataset": spec.dataset.model_dump(mode="json")}
+    if data:
+        extra["data"] = data
     return flat_params(spec.hyperparameters, extra)
 
 

@@ -74,6 +74,8 @@ def test_study_finishes_with_one_mlflow_run_per_trial(vit_study):
         params = run.data.params
         for key in ("lr", "k", "preset", "task", "seed", "batch_size", "weight_decay", "optimizer", "depth"):
             assert key in params, key
+        # what the data resolved to: digits' 1797 images, 20% held out
+        assert (params["data.num_train"], params["data.num_val"], params["data.source"]) == ("1437", "360", "digits")
         assert math.isclose(float(params["lr"]), rows[0]["config"]["lr"]) and params["preset"] == "vit_tiny_digits"
         epochs_reported = [row["epoch"] for row in rows]
         for key in ("train_loss", "val_loss", "val_acc", "lr", "samples_per_s"):
