@@ -140,17 +140,29 @@ def _fold_lags(full: torch.Tensor, N: int, symmetric: bool) -> torch.Tensor:
     return torch.cat([lags[..., :1], lags[..., 1:] + full[..., full.shape[-1] - N + 1:].flip(-1)], dim=-1)
 
 
+def transposed_copy(t: torch.Tensor) -> torch.Tensor:
+    """(B, M, K) -> contiguous (B, K, M). On CPU one copy per batch row: torch copies a 2-D transpose in cache-sized
+    tiles, while a batched strided copy misses on nearly every write once the tensor outgrows the cache (3-5x slower
+    at 16k x 256 floats, a fifth of the whole chunked scan)."""
+    if t.device.type != "cpu":
+        return t.transpose(1, 2).contiguous()
+    out = t.new_empty(t.shape[0], t.shape[2], t.shape[1])
+    for row, source in zip(out, t):
+        row.copy_(source.t())
+    return out
+
+
 class Transposed(torch.autograd.Function):
     """(B, L, D) <-> (B, D, L) as a contiguous copy both ways, so the gradients coming back are contiguous too (FFTs
     and batched matmuls on strided operands copy them, and elementwise ops on them are several times slower)."""
 
     @staticmethod
     def forward(ctx, x):
-        return x.transpose(1, 2).contiguous()
+        return transposed_copy(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.transpose(1, 2).contiguous()
+        return transposed_copy(grad)
 
 
 def stlt_mix_fft(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False):
