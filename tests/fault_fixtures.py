@@ -324,6 +324,11 @@ def mlflow_runs(tracking_uri: str, experiment: str) -> dict[str, list[dict]]:
     return runs
 
 
+def study_records(study_dir: Path, experiment: str, tracking_uri: str | None = None) -> tuple[dict, dict]:
+    """Ray's records and MLflow's runs of a study (MLflow: the SQLite store in the study folder unless given)."""
+    return tune_results(study_dir), mlflow_runs(tracking_uri or f"sqlite:///{Path(study_dir) / 'mlflow.db'}", experiment)
+
+
 def epoch_steps(run: dict, key: str = "epoch") -> list[int]:
     return [step for step, _ in run["history"].get(key, [])]
 

@@ -5,7 +5,6 @@ import sys
 
 import pytest
 import ray.cloudpickle
-import torch
 from data_fixtures import ray_local  # noqa: F401
 
 from study.data import load_task_data, parse_dataset_config

@@ -26,14 +26,13 @@ from fault_fixtures import (
     epoch_steps,
     free_port,
     live_results,
-    live_trials,
     mlflow_runs,
     mlflow_server,
     reported_epochs,
     simulated_cluster,
     run_lapstudy,
-    study_env,
     tiny_space,
+    study_records,
     tune_results,
     wait_for,
     write_space,
@@ -93,8 +92,7 @@ def node_loss(cluster, tmp_path_factory):
     finally:
         study.close()
     assert state.code == 0, state.log
-    state.tune = tune_results(study_dir)
-    state.mlflow = mlflow_runs(state.tracking_uri, "nodeloss")
+    state.tune, state.mlflow = study_records(study_dir, "nodeloss")
     return state
 
 

@@ -23,7 +23,7 @@ from fault_fixtures import (
     mlflow_runs,
     simulated_cluster,
     tiny_space,
-    tune_results,
+    study_records,
     wait_for,
     write_space,
 )
@@ -67,8 +67,7 @@ def driver_loss(tmp_path_factory):
         finally:
             study.close()
     assert state.code == 0, state.log
-    state.tune = tune_results(study_dir)
-    state.mlflow = mlflow_runs(f"sqlite:///{study_dir / 'mlflow.db'}", "driverloss")
+    state.tune, state.mlflow = study_records(study_dir, "driverloss")
     return state
 
 

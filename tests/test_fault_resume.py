@@ -27,14 +27,13 @@ from fault_fixtures import (
     free_port,
     kill_recorded,
     live_results,
-    mlflow_runs,
     private_ray_tmp,
     process_tree,
     run_lapstudy,
     study_env,
     tiny_space,
     tree_digest,
-    tune_results,
+    study_records,
     wait_for,
     write_space,
 )
@@ -81,8 +80,7 @@ def crash(tmp_path_factory):
             first.process.wait(30)
         finally:
             first.close()
-        state.tune_at_kill = tune_results(study_dir)
-        state.mlflow_at_kill = mlflow_runs(state.tracking_uri, "crash")
+        state.tune_at_kill, state.mlflow_at_kill = study_records(study_dir, "crash")
         state.trials_at_kill = {p.name: p.read_bytes() for p in (study_dir / "trials").iterdir()}
         # Ray's processes outlive their driver (some exit on their own within seconds, some never do).
         time.sleep(5)
@@ -98,8 +96,7 @@ def crash(tmp_path_factory):
             resumed.close()
         state.resume_seconds = time.monotonic() - started
     assert state.resume_code == 0, state.resume_log
-    state.tune = tune_results(study_dir)
-    state.mlflow = mlflow_runs(state.tracking_uri, "crash")
+    state.tune, state.mlflow = study_records(study_dir, "crash")
     return state
 
 
