@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU checks in one call, for a session lent a GPU machine (no internet there; its python3 holds a CUDA build of
+# torch and Triton, which is all `models/` needs):
+#   1. the model and kernel tests on the GPU: Triton kernels compiled for real, not through the interpreter;
+#   2. bench/stlt.py --device cuda (Triton against SDPA at 4k-32k tokens) and bench/attention.py on the GPU.
+# Everything goes to $OUT (the device tool brings it back) or ./gpu_check; a failing step does not stop the others.
+#
+#   bash bench/gpu_check.sh          # about 5 minutes on an H200
+set -u -o pipefail
+out=${OUT:-gpu_check}
+mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+status=0
+
+step() {  # step NAME COMMAND...: run it, its output into $out/NAME.log, and say how it ended
+    local name=$1
+    shift
+    echo "== $name: $*"
+    "$@" 2>&1 | tee "$out/$name.log"
+    local code=$?
+    echo "== $name: exit $code"
+    [ "$code" -eq 0 ] || status=1
+}
+
+step environment python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
+step tests python3 -m pytest -q -p no:cacheprovider tests/test_stlt_triton.py tests/test_stlt_op.py \
+    tests/test_stlt_mixer.py tests/test_attention.py tests/test_models.py tests/test_geometry.py
+step bench_stlt sh -c "python3 bench/stlt.py --device cuda > '$out/bench_stlt_cuda.json'"
+step bench_attention sh -c "python3 bench/attention.py --device cuda > '$out/bench_attention_cuda.json'"
+exit $status
