@@ -125,6 +125,7 @@ def test_worker_process_crash_restarts_the_trial_from_its_last_checkpoint(node_l
     assert node_loss.crash_seen <= checkpoint_epoch <= before[-1]["epoch"] + 1
     assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1"
     assert {r["resumed_from_epoch"] for r in after} == {checkpoint_epoch}, "one restart, one worker group after it"
+    assert len({r["pid"] for r in rows}) == 1, "Tune's `pid`: one trial driver throughout, Tune never restarted it"
     assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1))
 
 
