@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from study.data import load_task_data, preflight
 from study.errors import UserError, describe_validation_error
 from study.loop import TrackingTarget, spec_document
-from study.runspec import DATA_SHAPED_KEYS, Resources, RunSpec, check_run_config, complete_hyperparameters
+from study.runspec import Resources, RunSpec, check_run_config, complete_hyperparameters
 from study.tracking import STATUS_COMPLETED, STATUS_FAILED, check_store, close_run, ensure_experiment, local_store
 from study.trainer import build_trainer, plan_run
 from study.resources import trial_concurrency
@@ -44,11 +44,8 @@ def train_once(config: str, *, storage: str | None, tracking_uri: str | None, ad
             spec = spec.model_copy(update={"resources": Resources(**{**spec.resources.model_dump(), **changes})})
         except ValidationError as exc:
             raise UserError(describe_validation_error(exc, changes, prefix="--")) from None
-    try:  # the model and training keys need no data: check them before Ray starts
-        check_run_config(spec.hyperparameters, spec.task, where=f"run config {path}: hyperparameters")
-    except UserError as exc:
-        if exc.field not in DATA_SHAPED_KEYS:
-            raise
+    # the model and training keys need no data: check them before Ray starts
+    check_run_config(spec.hyperparameters, spec.task, where=f"run config {path}: hyperparameters", before_data=True)
     if tracking_uri:
         check_store(tracking_uri, EXPERIMENT, must_be_new=False)
     check_address(address)

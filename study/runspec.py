@@ -142,9 +142,21 @@ def apply_data_overrides(hyperparameters: dict, overrides: dict, where: str = "h
     return {**hyperparameters, **overrides}
 
 
-def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparameters") -> dict:
+def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparameters", *,
+                     before_data: bool = False) -> dict | None:
     """Validate a complete set of hyperparameters (model and training); returns the model config with its preset
-    expanded (what the model is built from). Raises UserError naming the field."""
+    expanded (what the model is built from). Raises UserError naming the field. `before_data=True` is the check
+    made before the data is opened: a problem with a key the data shapes (DATA_SHAPED_KEYS) waits for the full
+    check after, and None is returned."""
+    try:
+        return _check_run_config(hyperparameters, task, where)
+    except UserError as exc:
+        if before_data and exc.field in DATA_SHAPED_KEYS:
+            return None
+        raise
+
+
+def _check_run_config(hyperparameters: dict, task: str, where: str) -> dict:
     train_config(hyperparameters, where)
     flat = model_part(hyperparameters)
     if "model" not in flat and "preset" not in flat:

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from study.data import DatasetConfig
 from study.errors import UserError, describe_validation_error
 from study.runspec import (
-    DATA_SHAPED_KEYS,
     HYPERPARAMETER_KEYS,
     GeometrySpec,
     Resources,
@@ -383,12 +382,11 @@ class SearchSpace(_Strict):
             try:
                 if data_overrides:
                     hyperparameters = apply_data_overrides(hyperparameters, data_overrides)
-                check_run_config(hyperparameters, self.task)
+                if check_run_config(hyperparameters, self.task, before_data=before_data) is None:
+                    continue  # a key the data shapes: checked with the data
                 if check is not None:
                     check(hyperparameters)
             except UserError as exc:
-                if before_data and exc.field in DATA_SHAPED_KEYS:
-                    continue
                 raise UserError(self._blame(str(exc), sampled, blame, data_overrides or {}), field=exc.field) from None
             checked += 1
         return checked
