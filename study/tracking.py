@@ -151,7 +151,7 @@ def epoch_metrics(epoch: int, values: dict) -> list[Metric]:
     return metrics + [Metric("epoch", float(epoch), now, epoch)]
 
 
-def sync_runs(study_dir: Path, tracking_uri: str, experiment_id: str, study: str) -> int:
+def sync_runs(study_dir: Path, tracking_uri: str, experiment_id: str, study: str, records: list | None = None) -> int:
     """Make MLflow agree with Ray's records, the study's source of truth (after a study, and `lapstudy sync`).
 
     For every finished trial: the epochs Ray recorded that its run lacks (the tracking server was away when the
@@ -159,13 +159,14 @@ def sync_runs(study_dir: Path, tracking_uri: str, experiment_id: str, study: str
     from the trial's run config; pictures of the missing epochs cannot be recovered), and the run gets the trial's
     final status. A run left running by a trial Ray has no record of (its driver was killed right after starting
     it; the study ran the configuration again as another trial) is closed as failed. A run already in order is not
-    touched. Returns how many trials could not be brought up to date (the server is still away)."""
+    touched. `records`: the study's trial records when the caller has just read them. Returns how many trials could
+    not be brought up to date (the server is still away)."""
     from ray.tune.result import AUTO_RESULT_KEYS
 
     from study import results
 
     tune_keys = set(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag"}
-    records = {r.trial_id: r for r in results.load_records(Path(study_dir))}
+    records = {r.trial_id: r for r in (records if records is not None else results.load_records(Path(study_dir)))}
     rows = results.trial_results(Path(study_dir))
     failures = 0
     for trial_id, record in records.items():

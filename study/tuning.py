@@ -293,7 +293,7 @@ def run_study(options: RunOptions) -> int:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
     tuner.fit()
     records = results.load_records(study_dir)
-    unsynced = sync_runs(study_dir, tracking_uri, experiment_id, name)
+    unsynced = sync_runs(study_dir, tracking_uri, experiment_id, name, records)
     print(results.summary(records, space, study_dir), flush=True)
     if unsynced:
         print(f"MLflow at {redact(tracking_uri)} did not answer: {unsynced} trial run(s) lack epochs Ray recorded; "
