@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from models.stlt.naive import decay_log
+
 
 def fft_size(n: int) -> int:
     """Smallest 5-smooth integer >= n (the sizes FFT libraries are fastest at)."""
@@ -182,7 +184,8 @@ def fft_mix_channels_first(xt, sigma, omega, T, C, mask, *, delta: float, causal
     n_fft = fft_size(2 * Q - 1)
     t = torch.arange(Q, device=xt.device, dtype=xt.dtype)[None]
     # a_k^t = exp(t log|a_k|) (cos + i sin)(t arg a_k), (S, Q), in real arithmetic (complex exp is much slower).
-    log_r, theta = -(sigma + 1.0 / T)[:, None] * delta, -omega[:, None] * delta
+    log_a = decay_log(sigma, omega, T, delta)[:, None]
+    log_r, theta = log_a.real, log_a.imag
     magnitude = torch.exp(t * log_r)
     re_powers, im_powers = magnitude * torch.cos(t * theta), magnitude * torch.sin(t * theta)
     powers = torch.cat([re_powers, im_powers], dim=0)  # (2S, Q)

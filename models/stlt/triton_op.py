@@ -20,6 +20,8 @@ from contextlib import nullcontext
 
 import torch
 
+from models.stlt.naive import decay_log
+
 DEFAULT_CHUNK = 64
 
 
@@ -144,8 +146,8 @@ def stlt_mix_triton(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: 
     `chunk` (positions per program) and `block_d` (channels per program, a power of two) set the launch geometry."""
     B, N, _ = x.shape
     S = sigma.shape[0]
-    log_r = (-(sigma + 1.0 / T) * delta).float().contiguous()
-    theta = (-omega * delta).float().contiguous()
+    log_a = decay_log(sigma, omega, T, delta)
+    log_r, theta = log_a.real.float().contiguous(), log_a.imag.float().contiguous()
     c_r = C.real.float().contiguous()
     c_i = C.imag.float().contiguous()
     # A per-sequence mask becomes a (B, N, S) view with stride 0 along positions: the kernels read it by strides.
