@@ -266,6 +266,18 @@ def simulated_cluster(prefix: str, *node_resources: dict):
             patch.undo()
 
 
+def lose_node(cluster, node) -> list[Proc]:
+    """A machine lost at once: every process of a simulated node (its raylet and everything the raylet started:
+    Ray workers, trial drivers, Train workers, agents) SIGKILLed together, then the node removed as cluster_utils
+    removes it. `remove_node` alone kills only the raylet and its helpers; the node's workers then go on for seconds
+    until they notice, which no lost machine does. Returns the processes it killed."""
+    roots = [info.process.pid for infos in node.all_processes.values() for info in infos]
+    processes = [process for pid in roots for process in process_tree(pid)]
+    kill_recorded(processes)
+    cluster.remove_node(node, allow_graceful=False)
+    return processes
+
+
 # ---- Ray's records (the study folder) and MLflow's -----------------------------------------------------------------
 
 

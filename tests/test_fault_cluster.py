@@ -26,6 +26,7 @@ from fault_fixtures import (
     epoch_steps,
     free_port,
     live_results,
+    lose_node,
     mlflow_runs,
     mlflow_server,
     reported_epochs,
@@ -69,7 +70,7 @@ def node_loss(cluster, tmp_path_factory):
         state.trial, state.seen = wait_for(trial_at_epoch_two, 240, "the first trial to report epoch 2")
         state.removed_node_id = cluster.spot.node_id
         state.removed_at = time.time()
-        cluster.cluster.remove_node(cluster.spot, allow_graceful=False)
+        lose_node(cluster.cluster, cluster.spot)
         # The autoscaler's replacement for the preempted machine (same node type, so same custom resource).
         replacement = cluster.cluster.add_node(num_cpus=1, resources={SPOT: 1})
         state.replacement_node_id = replacement.node_id

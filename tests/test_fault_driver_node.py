@@ -20,6 +20,7 @@ from fault_fixtures import (
     Proc,
     epoch_steps,
     live_results,
+    lose_node,
     mlflow_runs,
     simulated_cluster,
     tiny_space,
@@ -57,9 +58,10 @@ def driver_loss(tmp_path_factory):
             state.driver = Proc.read(row["pid"])  # Tune's `pid`: the trial driver's process
             assert state.driver is not None, "the trial driver's process"
             state.driver_node_id, state.train_node_id = driver_node.node_id, row["worker_node_id"]
-            state.mlflow_at_loss = mlflow_runs(f"sqlite:///{study_dir / 'mlflow.db'}", "driverloss")
-            cluster.cluster.remove_node(driver_node, allow_graceful=False)
+            lose_node(cluster.cluster, driver_node)  # at once: an epoch takes under a second here
             state.removed_at = time.time()
+            # The first driver's run (its retry needs far longer than this read to start).
+            state.mlflow_at_loss = mlflow_runs(f"sqlite:///{study_dir / 'mlflow.db'}", "driverloss")
             cluster.cluster.add_node(num_cpus=1, resources={DRIVER: 1})  # the autoscaler's replacement
             state.code = study.wait(360)
             state.seconds_after_loss = time.time() - state.removed_at
@@ -71,16 +73,23 @@ def driver_loss(tmp_path_factory):
     return state
 
 
+def explain(state) -> str:
+    """What a failure needs to be understood without the run: Tune's rows of the trial and the study's output."""
+    rows = [{key: row.get(key) for key in ("epoch", "resumed_from_epoch", "pid", "worker_pid")}
+            for row in state.tune.get(state.trial, [])]
+    return f"\nTune's rows: {rows}\nthe study's output:\n{state.log}"
+
+
 def test_driver_node_loss_resumes_the_trial_from_its_train_checkpoint(driver_loss):
     print(f"\nthe study finished {driver_loss.seconds_after_loss:.0f} s after the driver's node was removed")
     assert not driver_loss.driver.alive(), "the trial driver went with its node"
     rows = driver_loss.tune[driver_loss.trial]
     after = [r for r in rows if r["resumed_from_epoch"] > 0]
-    assert after, "the trial never resumed from a checkpoint"
+    assert after, "the trial never resumed from a checkpoint" + explain(driver_loss)
     assert {r["pid"] for r in after}.isdisjoint({driver_loss.driver.pid}), "a new trial driver reported them"
     checkpoint_epoch = after[0]["resumed_from_epoch"]
     assert checkpoint_epoch >= driver_loss.seen >= 2
-    assert [r["epoch"] for r in after] == list(range(checkpoint_epoch + 1, EPOCHS + 1))
+    assert [r["epoch"] for r in after] == list(range(checkpoint_epoch + 1, EPOCHS + 1)), explain(driver_loss)
     from study.results import load_records
 
     (record,) = load_records(driver_loss.study_dir)
@@ -93,5 +102,5 @@ def test_driver_node_loss_keeps_one_mlflow_run_without_gaps(driver_loss):
     assert set(driver_loss.mlflow) == {driver_loss.trial}
     assert run["run_id"] == before["run_id"], "the restarted trial found its MLflow run again"
     for key in ("epoch", "train_loss", "val_loss", "val_acc"):
-        assert epoch_steps(run, key) == list(range(1, EPOCHS + 1)), (key, run["history"][key])
+        assert epoch_steps(run, key) == list(range(1, EPOCHS + 1)), (key, run["history"][key], explain(driver_loss))
     assert run["status"] == "FINISHED" and run["tags"]["lapstudy.status"] == "completed"
