@@ -80,12 +80,14 @@ def crash(tmp_path_factory):
             first.process.wait(30)
         finally:
             first.close()
-        state.tune_at_kill, state.mlflow_at_kill = study_records(study_dir, "crash")
-        state.trials_at_kill = {p.name: p.read_bytes() for p in (study_dir / "trials").iterdir()}
-        # Ray's processes outlive their driver (some exit on their own within seconds, some never do).
+        # Ray's processes outlive their driver (some exit on their own within moments, some never do).
         time.sleep(5)
         state.left_behind = kill_recorded(state.recorded[1:])
         print(f"\nRay processes still alive 5 s after the driver's SIGKILL, ended by recorded id: {state.left_behind}")
+        # What the killed study left, read once none of its processes runs: a Train worker that outlived its driver
+        # by a moment may still have finished an epoch (logged to MLflow, then checkpointed).
+        state.tune_at_kill, state.mlflow_at_kill = study_records(study_dir, "crash")
+        state.trials_at_kill = {p.name: p.read_bytes() for p in (study_dir / "trials").iterdir()}
 
         started = time.monotonic()
         resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log")
@@ -129,7 +131,8 @@ def test_interrupted_trial_resumes_from_its_checkpoint(crash):
     assert resumed[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the resume = checkpoint epoch + 1"
     assert [r["epoch"] for r in resumed] == list(range(checkpoint_epoch + 1, EPOCHS + 1))
     # The rank-0 worker logs an epoch to MLflow just before it reports that epoch's checkpoint: the checkpoint the
-    # trial resumed from is the last epoch MLflow had at the kill, or the one before it; and at least what Tune saw.
+    # trial resumed from is the last epoch MLflow had when the killed study's processes were gone, or the one before
+    # it; and at least what Tune had seen at the kill.
     (run,) = crash.mlflow_at_kill[crash.killed_trial]
     logged = max(epoch_steps(run))
     assert logged < EPOCHS, "the trial had finished before the kill: nothing was interrupted"
