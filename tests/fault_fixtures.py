@@ -341,6 +341,13 @@ def study_records(study_dir: Path, experiment: str, tracking_uri: str | None = N
     return tune_results(study_dir), mlflow_runs(tracking_uri or f"sqlite:///{Path(study_dir) / 'mlflow.db'}", experiment)
 
 
+def explain(rows: list[dict], log: str) -> str:
+    """What a fault test's failure needs to be understood without the run: a trial's rows in Ray's records (epoch,
+    checkpoint it resumed from, trial driver and rank-0 processes) and the study's output."""
+    brief = [{key: row.get(key) for key in ("epoch", "resumed_from_epoch", "pid", "worker_pid")} for row in rows]
+    return f"\nRay's rows of the trial: {brief}\nthe study's output:\n{log}"
+
+
 def epoch_steps(run: dict, key: str = "epoch") -> list[int]:
     return [step for step, _ in run["history"].get(key, [])]
 

@@ -24,6 +24,7 @@ from fault_fixtures import (
     Lapstudy,
     Proc,
     epoch_steps,
+    explain,
     free_port,
     live_results,
     lose_node,
@@ -99,35 +100,40 @@ def node_loss(cluster, tmp_path_factory):
 
 def test_node_loss_trial_restarts_from_its_last_checkpoint(node_loss):
     rows = node_loss.tune[node_loss.trial]
+    story = explain(rows, node_loss.log)
     before = [r for r in rows if r["resumed_from_epoch"] == 0]
     after = [r for r in rows if r["resumed_from_epoch"] > 0]
-    assert before and after, "the trial never restarted"
+    assert before and after, "the trial never restarted" + story
     assert {r["worker_node_id"] for r in before} == {node_loss.removed_node_id}, "it trained on the removed node"
     assert {r["worker_node_id"] for r in after} == {node_loss.replacement_node_id}
     checkpoint_epoch = after[0]["resumed_from_epoch"]
     last_before = before[-1]["epoch"]
-    assert node_loss.seen <= checkpoint_epoch <= last_before + 1
-    assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1"
+    assert node_loss.seen <= checkpoint_epoch <= last_before + 1, f"Tune had seen epoch {node_loss.seen}" + story
+    assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1" + story
     # Ray's record of the trial: every epoch once, in order (what the lost worker did not report is re-run).
-    assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1))
+    assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1)), story
 
 
 def test_worker_process_crash_restarts_the_trial_from_its_last_checkpoint(node_loss):
     """Ray Train replaces the killed worker group (FailureConfig of the trial's TorchTrainer) on the same node and
     resumes it from the trial's last checkpoint; Tune never sees the trial fail."""
     rows = node_loss.tune[node_loss.crashed_trial]
+    story = explain(rows, node_loss.log)
     killed = node_loss.killed_worker
     before = [r for r in rows if r["worker_pid"] == killed.pid]
     after = [r for r in rows if r["worker_pid"] != killed.pid]
-    assert before and after, "the trial never restarted"
+    assert before and after, "the trial never restarted" + story
     assert not killed.alive()
-    assert {r["resumed_from_epoch"] for r in before} == {0}
+    assert {r["resumed_from_epoch"] for r in before} == {0}, story
     checkpoint_epoch = after[0]["resumed_from_epoch"]
-    assert node_loss.crash_seen <= checkpoint_epoch <= before[-1]["epoch"] + 1
-    assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1"
-    assert {r["resumed_from_epoch"] for r in after} == {checkpoint_epoch}, "one restart, one worker group after it"
-    assert len({r["pid"] for r in rows}) == 1, "Tune's `pid`: one trial driver throughout, Tune never restarted it"
-    assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1))
+    assert node_loss.crash_seen <= checkpoint_epoch <= before[-1]["epoch"] + 1, \
+        f"Tune had seen epoch {node_loss.crash_seen}" + story
+    assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1" + story
+    assert {r["resumed_from_epoch"] for r in after} == {checkpoint_epoch}, \
+        "one restart, one worker group after it" + story
+    assert len({r["pid"] for r in rows}) == 1, \
+        "Tune's `pid`: one trial driver throughout, Tune never restarted it" + story
+    assert [r["epoch"] for r in rows] == list(range(1, NODE_LOSS_EPOCHS + 1)), story
 
 
 def test_node_loss_study_finishes_every_trial(node_loss):

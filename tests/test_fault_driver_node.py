@@ -19,6 +19,7 @@ from fault_fixtures import (
     Lapstudy,
     Proc,
     epoch_steps,
+    explain,
     live_results,
     lose_node,
     mlflow_runs,
@@ -73,11 +74,8 @@ def driver_loss(tmp_path_factory):
     return state
 
 
-def explain(state) -> str:
-    """What a failure needs to be understood without the run: Tune's rows of the trial and the study's output."""
-    rows = [{key: row.get(key) for key in ("epoch", "resumed_from_epoch", "pid", "worker_pid")}
-            for row in state.tune.get(state.trial, [])]
-    return f"\nTune's rows: {rows}\nthe study's output:\n{state.log}"
+def story(state) -> str:
+    return explain(state.tune.get(state.trial, []), state.log)
 
 
 def test_driver_node_loss_resumes_the_trial_from_its_train_checkpoint(driver_loss):
@@ -85,11 +83,11 @@ def test_driver_node_loss_resumes_the_trial_from_its_train_checkpoint(driver_los
     assert not driver_loss.driver.alive(), "the trial driver went with its node"
     rows = driver_loss.tune[driver_loss.trial]
     after = [r for r in rows if r["resumed_from_epoch"] > 0]
-    assert after, "the trial never resumed from a checkpoint" + explain(driver_loss)
+    assert after, "the trial never resumed from a checkpoint" + story(driver_loss)
     assert {r["pid"] for r in after}.isdisjoint({driver_loss.driver.pid}), "a new trial driver reported them"
     checkpoint_epoch = after[0]["resumed_from_epoch"]
     assert checkpoint_epoch >= driver_loss.seen >= 2
-    assert [r["epoch"] for r in after] == list(range(checkpoint_epoch + 1, EPOCHS + 1)), explain(driver_loss)
+    assert [r["epoch"] for r in after] == list(range(checkpoint_epoch + 1, EPOCHS + 1)), story(driver_loss)
     from study.results import load_records
 
     (record,) = load_records(driver_loss.study_dir)
@@ -102,5 +100,5 @@ def test_driver_node_loss_keeps_one_mlflow_run_without_gaps(driver_loss):
     assert set(driver_loss.mlflow) == {driver_loss.trial}
     assert run["run_id"] == before["run_id"], "the restarted trial found its MLflow run again"
     for key in ("epoch", "train_loss", "val_loss", "val_acc"):
-        assert epoch_steps(run, key) == list(range(1, EPOCHS + 1)), (key, run["history"][key], explain(driver_loss))
+        assert epoch_steps(run, key) == list(range(1, EPOCHS + 1)), (key, run["history"][key], story(driver_loss))
     assert run["status"] == "FINISHED" and run["tags"]["lapstudy.status"] == "completed"

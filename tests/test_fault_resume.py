@@ -24,6 +24,7 @@ from fault_fixtures import (
     LAPSTUDY,
     Lapstudy,
     epoch_steps,
+    explain,
     free_port,
     kill_recorded,
     live_results,
@@ -125,22 +126,23 @@ def test_trials_finished_before_the_kill_are_not_rerun(crash):
 
 def test_interrupted_trial_resumes_from_its_checkpoint(crash):
     rows = crash.tune[crash.killed_trial]
+    story = explain(rows, crash.resume_log)
     resumed = [r for r in rows if r["resumed_from_epoch"] > 0]
-    assert resumed, "the interrupted trial did not resume from a checkpoint"
+    assert resumed, "the interrupted trial did not resume from a checkpoint" + story
     checkpoint_epoch = resumed[0]["resumed_from_epoch"]
-    assert resumed[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the resume = checkpoint epoch + 1"
-    assert [r["epoch"] for r in resumed] == list(range(checkpoint_epoch + 1, EPOCHS + 1))
+    assert resumed[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the resume = checkpoint epoch + 1" + story
+    assert [r["epoch"] for r in resumed] == list(range(checkpoint_epoch + 1, EPOCHS + 1)), story
     # The rank-0 worker logs an epoch to MLflow just before it reports that epoch's checkpoint: the checkpoint the
     # trial resumed from is the last epoch MLflow had when the killed study's processes were gone, or the one before
     # it; and at least what Tune had seen at the kill.
     (run,) = crash.mlflow_at_kill[crash.killed_trial]
     logged = max(epoch_steps(run))
-    assert logged < EPOCHS, "the trial had finished before the kill: nothing was interrupted"
-    assert logged - 1 <= checkpoint_epoch <= logged
-    assert checkpoint_epoch >= crash.seen_at_kill >= 2
+    assert logged < EPOCHS, "the trial had finished before the kill: nothing was interrupted" + story
+    assert logged - 1 <= checkpoint_epoch <= logged, f"MLflow had epochs 1-{logged}" + story
+    assert checkpoint_epoch >= crash.seen_at_kill >= 2, f"Tune had seen epoch {crash.seen_at_kill}" + story
     # Tune keeps no log of a trial it restarts without a Tune checkpoint: its rows start at the resumed epoch (the
     # epochs before are in MLflow, below, and in the trial's checkpoints).
-    assert rows == resumed
+    assert rows == resumed, story
 
 
 def test_one_mlflow_run_per_trial_with_complete_histories(crash):
