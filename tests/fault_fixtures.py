@@ -292,6 +292,20 @@ def live_results(ray_tmp: Path, study: str) -> dict[str, list[dict]]:
     return _read_results(Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/*/result.json"))
 
 
+def wait_for_epoch(study: "Lapstudy", ray_tmp: Path, name: str, epoch: int, what: str, *,
+                   other_than: str | None = None, timeout: float = 240) -> dict:
+    """The newest live row of the first trial (other than `other_than`) that has reported `epoch`; fails, with the
+    study's output, if the study ends first (the fault would come too late to test anything)."""
+    def reached():
+        assert not study.finished(), f"the study ended before {what}:\n" + study.log()
+        for trial, rows in live_results(ray_tmp, name).items():
+            if trial != other_than and rows and rows[-1]["epoch"] >= epoch:
+                return rows[-1]
+        return None
+
+    return wait_for(reached, timeout, f"a trial to report epoch {epoch} ({what})")
+
+
 def live_trials(ray_tmp: Path, study: str) -> int:
     """How many trials Tune has started so far (their folders in its staging folder)."""
     return len(list(Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/trial_*/")))

@@ -37,6 +37,7 @@ from fault_fixtures import (
     study_records,
     tune_results,
     wait_for,
+    wait_for_epoch,
     write_space,
 )
 
@@ -63,12 +64,8 @@ def node_loss(cluster, tmp_path_factory):
                       "--max-concurrent", "1", "--worker-resource", f"{SPOT}=1"], cluster.env, root / "study.log")
     state = SimpleNamespace(study_dir=study_dir, tracking_uri=f"sqlite:///{study_dir / 'mlflow.db'}")
     try:
-        def trial_at_epoch_two():
-            assert not study.finished(), "the study ended before the node was removed:\n" + study.log()
-            epochs = reported_epochs(live_results(cluster.ray_tmp, "nodeloss"))
-            return next(iter(epochs.items())) if epochs and max(epochs.values()) >= 2 else None
-
-        state.trial, state.seen = wait_for(trial_at_epoch_two, 240, "the first trial to report epoch 2")
+        row = wait_for_epoch(study, cluster.ray_tmp, "nodeloss", 2, "the node was removed")
+        state.trial, state.seen = row["trial_id"], row["epoch"]
         state.removed_node_id = cluster.spot.node_id
         state.removed_at = time.time()
         lose_node(cluster.cluster, cluster.spot)
@@ -76,13 +73,8 @@ def node_loss(cluster, tmp_path_factory):
         replacement = cluster.cluster.add_node(num_cpus=1, resources={SPOT: 1})
         state.replacement_node_id = replacement.node_id
 
-        def second_trial_at_epoch_two():
-            assert not study.finished(), "the study ended before the worker process was killed:\n" + study.log()
-            results = live_results(cluster.ray_tmp, "nodeloss")
-            rows = next((rows for trial, rows in results.items() if trial != state.trial), None)
-            return rows[-1] if rows and rows[-1]["epoch"] >= 2 else None
-
-        row = wait_for(second_trial_at_epoch_two, 240, "the second trial to report epoch 2")
+        row = wait_for_epoch(study, cluster.ray_tmp, "nodeloss", 2, "the worker process was killed",
+                             other_than=state.trial)
         state.crashed_trial, state.crash_seen = row["trial_id"], row["epoch"]
         worker = Proc.read(row["worker_pid"])
         assert worker is not None and worker.name.startswith("ray::"), f"rank 0's process: {worker}"

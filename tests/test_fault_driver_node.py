@@ -20,13 +20,12 @@ from fault_fixtures import (
     Proc,
     epoch_steps,
     explain,
-    live_results,
     lose_node,
     mlflow_runs,
     simulated_cluster,
     tiny_space,
     study_records,
-    wait_for,
+    wait_for_epoch,
     write_space,
 )
 
@@ -49,12 +48,7 @@ def driver_loss(tmp_path_factory):
         study = Lapstudy(["run", space, "--storage", root / "studies", "--address", cluster.address,
                           "--worker-resource", f"{TRAIN}=1"], cluster.env, root / "study.log")
         try:
-            def trial_at_epoch_two():
-                assert not study.finished(), "the study ended before the driver's node was removed:\n" + study.log()
-                rows = next(iter(live_results(cluster.ray_tmp, "driverloss").values()), [])
-                return rows[-1] if rows and rows[-1]["epoch"] >= 2 else None
-
-            row = wait_for(trial_at_epoch_two, 240, "the trial to report epoch 2")
+            row = wait_for_epoch(study, cluster.ray_tmp, "driverloss", 2, "the driver's node was removed")
             state.trial, state.seen = row["trial_id"], row["epoch"]
             state.driver = Proc.read(row["pid"])  # Tune's `pid`: the trial driver's process
             assert state.driver is not None, "the trial driver's process"
