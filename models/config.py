@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from models.checks import check_bool, check_int, check_number
 from models.errors import ConfigError
 from models.mixers import MIXERS
 from models.schedule import laplacian_schedule
@@ -31,14 +32,14 @@ class TransformerConfig:
     mixer_options: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        _check_int(self, "dim", low=1)
-        _check_int(self, "depth", low=1)
-        _check_int(self, "num_heads", low=1)
+        check_int("dim", self.dim, low=1)
+        check_int("depth", self.depth, low=1)
+        check_int("num_heads", self.num_heads, low=1)
         if self.dim % self.num_heads:
             raise ConfigError("num_heads", f"must divide dim ({self.dim}); got {self.num_heads}")
-        _check_float(self, "mlp_ratio", low=0.0, low_open=True)
-        _check_float(self, "drop_path", low=0.0, high=1.0, high_open=True)
-        _check_bool(self, "qkv_bias")
+        check_number("mlp_ratio", self.mlp_ratio, low=0.0, low_open=True)
+        check_number("drop_path", self.drop_path, low=0.0, high=1.0, high_open=True)
+        check_bool("qkv_bias", self.qkv_bias)
         self.laplacian_counts = laplacian_schedule(self.schedule_spec(), self.depth, self.num_heads)
         self.mixer_kinds = self._resolve_mixers()
         self._validate_mixer_options()
@@ -82,35 +83,3 @@ def config_from_flat(cls: type[TransformerConfig], flat: Mapping) -> Transformer
     kwargs["mixer_options"] = {key: value for key, value in flat.items() if key not in own}
     return cls(**kwargs)
 
-
-def _check_int(cfg, name, *, low=None, high=None):
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) or (
-        high is not None and value > high
-    ):
-        allowed = f"{low}..{high}" if high is not None else f">= {low}"
-        raise ConfigError(name, f"must be an integer {allowed}, got {value!r}")
-
-
-def _check_float(cfg, name, *, low=None, high=None, low_open=False, high_open=False):
-    value = getattr(cfg, name)
-    bad = isinstance(value, bool) or not isinstance(value, int | float)
-    if not bad:
-        bad = (low is not None and (value < low or (low_open and value == low))) or (
-            high is not None and (value > high or (high_open and value == high))
-        )
-    if bad:
-        lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
-        hi = "" if high is None else f"{high}" + (")" if high_open else "]")
-        allowed = f"in {lo}, {hi}" if low is not None and high is not None else (f"> {low}" if low_open else f">= {low}")
-        raise ConfigError(name, f"must be a number {allowed}, got {value!r}")
-
-
-def _check_bool(cfg, name):
-    if not isinstance(getattr(cfg, name), bool):
-        raise ConfigError(name, f"must be true or false, got {getattr(cfg, name)!r}")
-
-
-def _check_choice(cfg, name, choices):
-    if getattr(cfg, name) not in choices:
-        raise ConfigError(name, f"must be one of {', '.join(map(str, choices))}, got {getattr(cfg, name)!r}")

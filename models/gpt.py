@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from models.base import MixerModel, ModelOutput
-from models.config import TransformerConfig, _check_bool, _check_float, _check_int
+from models.checks import check_bool, check_int, check_number
+from models.config import TransformerConfig
 from models.rope import RotaryEmbedding
 
 
@@ -25,10 +26,10 @@ class GPTConfig(TransformerConfig):
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        _check_int(self, "vocab_size", low=2)
-        _check_int(self, "context_length", low=1)
-        _check_bool(self, "tie_embeddings")
-        _check_float(self, "rope_base", low=1.0, low_open=True)
+        check_int("vocab_size", self.vocab_size, low=2)
+        check_int("context_length", self.context_length, low=1)
+        check_bool("tie_embeddings", self.tie_embeddings)
+        check_number("rope_base", self.rope_base, low=1.0, low_open=True)
         super().__post_init__()
 
 

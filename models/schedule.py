@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from models.checks import check_int, int_range
 from models.errors import ConfigError
 
 SCHEDULE_KINDS = ("uniform", "ramp", "explicit")
@@ -30,7 +31,7 @@ def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num
     or a list (explicit counts).
     """
     if isinstance(spec, bool):
-        raise ConfigError("k", f"must be an integer in 0..{num_heads}, got {spec!r}")
+        check_int("k", spec, low=0, high=num_heads)
     if isinstance(spec, int):
         spec = {"schedule": "uniform", "k": spec}
     elif isinstance(spec, Sequence) and not isinstance(spec, str):
@@ -63,9 +64,6 @@ def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num
 
 
 def _checked_int(value, field: str, *, low: int, high: int | None = None) -> int:
-    allowed = f"{low}..{high}" if high is not None else f">= {low}"
     if value is None:
-        raise ConfigError(field, f"is required; allowed: an integer {allowed}")
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        raise ConfigError(field, f"must be an integer in {allowed}, got {value!r}")
-    return value
+        raise ConfigError(field, f"is required; allowed: {int_range(low, high)}")
+    return check_int(field, value, low=low, high=high)

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from models.base import MixerModel, ModelOutput
-from models.config import TransformerConfig, _check_choice, _check_float, _check_int
+from models.checks import check_choice, check_int, check_number
+from models.config import TransformerConfig
 from models.errors import ConfigError
 
 
@@ -28,14 +29,14 @@ class ViTConfig(TransformerConfig):
     layer_scale_init: float = 1e-4
 
     def __post_init__(self):
-        _check_int(self, "image_size", low=1)
-        _check_int(self, "patch_size", low=1, high=self.image_size)
+        check_int("image_size", self.image_size, low=1)
+        check_int("patch_size", self.patch_size, low=1, high=self.image_size)
         if self.image_size % self.patch_size:
             raise ConfigError("patch_size", f"must divide image_size ({self.image_size}); got {self.patch_size}")
-        _check_int(self, "in_chans", low=1)
-        _check_int(self, "num_classes", low=2)
-        _check_choice(self, "pool", ("cls", "mean"))
-        _check_float(self, "layer_scale_init", low=0.0)
+        check_int("in_chans", self.in_chans, low=1)
+        check_int("num_classes", self.num_classes, low=2)
+        check_choice("pool", self.pool, ("cls", "mean"))
+        check_number("layer_scale_init", self.layer_scale_init, low=0.0)
         super().__post_init__()
 
     @property
