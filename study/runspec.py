@@ -8,6 +8,7 @@ keys (`TrainConfig` below) to the training loop.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -180,7 +181,7 @@ def complete_hyperparameters(hyperparameters: dict, data_overrides: dict, task: 
     with_data = apply_data_overrides(hyperparameters, data_overrides, where)
     model = check_run_config(with_data, task, where)
     if "stlt" in models.build_config(model).mixer_kinds:  # STLT layers: their options with defaults too
-        model.update(stlt_config(model).model_dump())
+        model.update(dataclasses.asdict(stlt_config(model)))
     training = train_config(with_data, where).model_dump()
     return {**model, **training}
 

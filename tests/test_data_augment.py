@@ -37,33 +37,90 @@ def test_center_box_matches_resize_then_centre_crop():
     assert center_box(32, 32, 32, 32) is None  # native size: no resampling at all
 
 
-def test_gaussian_blur_keeps_constants_and_mean_and_matches_a_direct_sum():
+def _explicit_blur(image: np.ndarray, sigma: float, radius: int) -> np.ndarray:
+    """out[i, j] = sum_{u,v} K[u, v] x[reflect(i + u), reflect(j + v)] at every pixel of one (H, W) image, with
+    K[u, v] proportional to exp(-(u^2 + v^2) / (2 sigma^2)) over |u|, |v| <= radius and summing to 1."""
+    offsets = np.arange(-radius, radius + 1)
+    kernel = np.exp(-(offsets[:, None] ** 2 + offsets[None, :] ** 2) / (2 * sigma ** 2))
+    kernel /= kernel.sum()
+    height, width = image.shape
+
+    def reflect(i, n):  # mirror about the edge pixel without repeating it: -1 -> 1, n -> n - 2
+        i = np.abs(i)
+        return np.where(i > n - 1, 2 * (n - 1) - i, i)
+
+    out = np.empty((height, width))
+    for i in range(height):
+        for j in range(width):
+            rows, cols = reflect(i + offsets, height), reflect(j + offsets, width)
+            out[i, j] = (kernel * image[np.ix_(rows, cols)]).sum()
+    return out
+
+
+def test_gaussian_blur_keeps_constants_and_matches_an_explicit_2d_convolution_at_every_pixel():
     x = torch.full((2, 3, 16, 16), 77.0)
     assert torch.allclose(gaussian_blur(x, torch.tensor([0.5, 1.7], dtype=torch.float64)), x)
     rng = torch.Generator().manual_seed(0)
-    img = torch.rand(1, 1, 12, 12, generator=rng) * 255
-    sigma = 1.3
-    out = gaussian_blur(img, torch.tensor([sigma], dtype=torch.float64))
-    radius = math.ceil(3 * sigma)
-    k = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float64) / sigma) ** 2)
-    k = k / k.sum()
-    padded = torch.nn.functional.pad(img.double(), (radius,) * 4, mode="reflect")[0, 0]
-    i, j = 6, 5  # an interior pixel, by the definition sum_uv k_u k_v x[i+u, j+v]
-    direct = sum(k[u] * k[v] * padded[i + u, j + v] for u in range(2 * radius + 1) for v in range(2 * radius + 1))
-    assert float(out[0, 0, i, j]) == pytest.approx(float(direct), rel=1e-5)
+    # the kernel radius is ceil(3 * the batch's largest sigma), capped at min(H, W) - 1 so reflect padding fits
+    for (height, width), sigmas in (((12, 15), [1.3]), ((12, 15), [0.4, 1.3, 2.0]), ((6, 9), [0.7, 2.0])):
+        img = torch.rand(len(sigmas), 2, height, width, generator=rng) * 255
+        out = gaussian_blur(img, torch.tensor(sigmas, dtype=torch.float64))
+        radius = min(math.ceil(3 * max(sigmas)), min(height, width) - 1)
+        for b, sigma in enumerate(sigmas):
+            for c in range(2):
+                expected = _explicit_blur(img[b, c].double().numpy(), sigma, radius)
+                np.testing.assert_allclose(out[b, c].numpy(), expected, rtol=0, atol=1e-3)  # 0..255 scale, float32
 
 
-def test_three_augment_shapes_and_each_operation():
+def _three_augment_kinds(images: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which images came out grey, which solarised, and the rest (the blurred third), for jitter 0."""
+    gray = np.all(out == out[..., :1], axis=(1, 2, 3))
+    solarised = np.all(out == np.where(images >= 128, 255 - images, images), axis=(1, 2, 3))
+    return gray, solarised, ~gray & ~solarised
+
+
+def _binomial_ok(count: int, n: int, p: float) -> bool:
+    return abs(count - n * p) <= 4 * math.sqrt(n * p * (1 - p))
+
+
+def test_three_augment_picks_each_operation_a_third_of_the_time():
     rng = np.random.default_rng(1)
-    images = rng.integers(0, 256, (64, 20, 20, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (3000, 6, 6, 3), dtype=np.uint8)  # noise: none grey or solarisation-proof by chance
     out = three_augment(images, np.random.default_rng(2), jitter=0.0)
     assert out.shape == images.shape and out.dtype == np.uint8
-    gray = np.all(out[..., 0] == out[..., 1], axis=(1, 2)) & np.all(out[..., 1] == out[..., 2], axis=(1, 2))
-    solarized = np.all(out == np.where(images >= 128, 255 - images, images), axis=(1, 2, 3))
-    assert gray.sum() > 10 and solarized.sum() > 10  # each image got one of the three operations
-    assert gray.sum() + solarized.sum() < 64  # the rest were blurred
-    jittered = three_augment(images, np.random.default_rng(2), jitter=0.3)
-    assert not np.array_equal(jittered, out)
+    gray, solarised, rest = _three_augment_kinds(images, out)
+    assert not (gray & solarised).any()
+    for kind in (gray, solarised, rest):
+        assert _binomial_ok(int(kind.sum()), len(images), 1 / 3), (gray.sum(), solarised.sum(), rest.sum())
+    luma = images[gray].astype(np.float64) @ np.array([0.299, 0.587, 0.114])  # ITU-R 601 luma
+    assert np.abs(out[gray][..., 0] - np.round(luma)).max() <= 1
+    jittered = three_augment(images[:64], np.random.default_rng(2), jitter=0.3)
+    assert not np.array_equal(jittered, out[:64])
+
+
+def test_three_augment_blurs_the_rest_with_a_sigma_in_the_documented_range():
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (240, 16, 16, 3), dtype=np.uint8)
+    out = three_augment(images, np.random.default_rng(2), jitter=0.0)
+    _, _, blurred = _three_augment_kinds(images, out)
+    assert blurred.sum() > 50
+    # steps of 0.005; with 2.0 in the grid the kernel radius is 6, as in three_augment's batch (largest sigma > 5/3)
+    grid = torch.linspace(0.1, 2.0, 381, dtype=torch.float64)
+    best_error, best_sigma = [], []
+    for i in np.flatnonzero(blurred):
+        original = torch.from_numpy(images[i]).permute(2, 0, 1).float()
+        candidates = gaussian_blur(original.expand(len(grid), -1, -1, -1).contiguous(), grid)
+        candidates = candidates.round().clamp(0, 255).permute(0, 2, 3, 1).numpy()
+        error = np.abs(candidates - out[i]).max(axis=(1, 2, 3))
+        best_error.append(error.min())
+        best_sigma.append(float(grid[error.argmin()]))
+    best_error, best_sigma = np.array(best_error), np.array(best_sigma)
+    assert best_error.max() <= 1, "an image is neither grey, solarised nor a blur with sigma in [0.1, 2]"
+    # sigma ~ U(0.1, 2): blur of noise changes the image unless sigma is below ~0.3 (a 10% chance)
+    changed = np.any(out[blurred] != images[blurred], axis=(1, 2, 3))
+    assert changed.mean() >= 0.8
+    # and about half the sigmas lie above the midpoint 1.05, where the fit identifies sigma well
+    assert _binomial_ok(int((best_sigma > 1.05).sum()), len(best_sigma), 0.5), np.sort(best_sigma)
 
 
 def test_transform_batch_decodes_png_and_struct_cells_and_seeds_by_content():
