@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 from PIL import Image
 
@@ -141,7 +142,7 @@ def test_transform_batch_decodes_png_and_struct_cells_and_seeds_by_content():
     assert evaluation["image"].shape == (6, 1, 30, 30)  # 40x30 -> centre 30x30, converted to one channel
 
 
-def test_label_smoothing_and_mixup_targets():
+def test_label_smoothing():
     images = torch.randint(0, 256, (8, 3, 4, 4), dtype=torch.uint8)
     labels = torch.arange(8) % 4
     smooth = BatchMixer(num_classes=4, mean=(0.5,) * 3, std=(0.5,) * 3, label_smoothing=0.2)
@@ -150,21 +151,96 @@ def test_label_smoothing_and_mixup_targets():
     expected[torch.arange(8), labels] = 0.85
     assert torch.allclose(out["soft_label"], expected)
     assert torch.allclose(out["image"], (images.float() / 255 - 0.5) / 0.5)
-    mix = BatchMixer(num_classes=4, mean=(0.0,) * 3, std=(1.0,) * 3, mixup=0.8)
-    out = mix({"image": images, "label": labels}, np.random.default_rng(1))
-    x = images.float() / 255
-    lam = float((out["image"][0] - x.flip(0)[0]).flatten()[0] / (x[0] - x.flip(0)[0]).flatten()[0])
-    assert torch.allclose(out["image"], lam * x + (1 - lam) * x.flip(0), atol=1e-5)
-    onehot = torch.nn.functional.one_hot(labels, 4).float()
-    assert torch.allclose(out["soft_label"], lam * onehot + (1 - lam) * onehot.flip(0), atol=1e-5)
 
 
-def test_cutmix_lambda_is_the_area_actually_kept():
-    images = torch.zeros(4, 1, 10, 10)
-    images[1::2] = 1.0  # flipping the batch pairs 0<->3, 1<->2: pasted pixels differ from the originals
-    mixer = BatchMixer(num_classes=2, mean=(0.0,), std=(1.0,), cutmix=1.0)
-    for seed in range(10):
-        out = mixer({"image": (images * 255).to(torch.uint8), "label": torch.tensor([0, 1, 0, 1])},
-                    np.random.default_rng(seed))
-        kept = float((out["image"][0] == 0).float().mean())  # image 0 is zeros; pasted pixels are ones
-        assert float(out["soft_label"][0, 0]) == pytest.approx(kept, abs=1e-6)
+def _smoothed(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
+    return torch.nn.functional.one_hot(labels, num_classes).float() * (1 - smoothing) + smoothing / num_classes
+
+
+# Batches whose flipped partner differs at every pixel (image i draws from its own band of grey levels), so a pixel
+# taken from the flipped batch, or a blend of the two, is always visible; H != W to catch a swapped axis.
+_BANDS = torch.arange(8)[:, None, None, None] * 32
+MIX_IMAGES = (_BANDS + torch.randint(0, 30, (8, 3, 12, 20), generator=torch.Generator().manual_seed(0))).to(torch.uint8)
+MIX_LABELS = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])
+
+
+def _mix(mixer: BatchMixer, seed: int) -> dict:
+    return mixer({"image": MIX_IMAGES, "label": MIX_LABELS}, np.random.default_rng(seed))
+
+
+def test_mixup_blends_images_and_labels_with_one_beta_distributed_lambda():
+    alpha, smoothing = 0.8, 0.1
+    mixer = BatchMixer(num_classes=5, mean=(0.0,) * 3, std=(1.0,) * 3, mixup=alpha, label_smoothing=smoothing)
+    x = MIX_IMAGES.float() / 255
+    targets = _smoothed(MIX_LABELS, 5, smoothing)
+    lams = []
+    for seed in range(500):
+        out = _mix(mixer, seed)
+        # lambda from the labels (least squares), then images and labels must be that blend exactly
+        d = targets - targets.flip(0)
+        lam = float(((out["soft_label"] - targets.flip(0)) * d).sum() / (d * d).sum())
+        assert torch.allclose(out["soft_label"], lam * targets + (1 - lam) * targets.flip(0), atol=1e-6)
+        assert torch.allclose(out["image"], lam * x + (1 - lam) * x.flip(0), atol=1e-5)
+        lams.append(lam)
+    lams = np.array(lams)
+    assert ((lams > 1e-6) & (lams < 1 - 1e-6)).all() and len(np.unique(lams)) == len(lams)
+    # Beta(alpha, alpha): KS at 500 draws (critical value ~0.061 at 5%), and the mean 1/2, variance 1/(4(2 alpha+1))
+    assert scipy.stats.kstest(lams, scipy.stats.beta(alpha, alpha).cdf).pvalue > 0.01
+    sd = math.sqrt(1 / (4 * (2 * alpha + 1)))
+    assert abs(lams.mean() - 0.5) <= 4 * sd / math.sqrt(len(lams))
+    assert abs(lams.std() - sd) <= 0.15 * sd
+
+
+def _cutmix_box(out_image: torch.Tensor) -> torch.Tensor:
+    """The (H, W) mask of pixels taken from the flipped batch, checked to be one box shared by the whole batch."""
+    x = MIX_IMAGES.float() / 255
+    taken = out_image != x
+    assert torch.equal(out_image, torch.where(taken, x.flip(0), x)), "pixels neither kept nor from the flipped batch"
+    mask = taken[0, 0]
+    assert (taken == mask).all(), "the box differs between images or channels"
+    rows, cols = mask.any(dim=1), mask.any(dim=0)
+    assert torch.equal(mask, rows[:, None] & cols[None, :]), "not an axis-aligned rectangle"
+    for line in (rows, cols):
+        where = torch.nonzero(line).flatten()
+        assert len(where) == 0 or where[-1] - where[0] + 1 == len(where), "box not contiguous"
+    return mask
+
+
+def test_cutmix_pastes_one_box_from_the_flipped_batch_and_labels_by_the_area_kept():
+    mixer = BatchMixer(num_classes=5, mean=(0.0,) * 3, std=(1.0,) * 3, cutmix=1.0)
+    onehot = _smoothed(MIX_LABELS, 5, 0.0)
+    pasted = []
+    for seed in range(300):
+        out = _mix(mixer, seed)
+        mask = _cutmix_box(out["image"])
+        kept = 1 - float(mask.float().mean())
+        assert torch.allclose(out["soft_label"], kept * onehot + (1 - kept) * onehot.flip(0), atol=1e-6)
+        pasted.append(1 - kept)
+    pasted = np.array(pasted)
+    # lambda ~ U(0, 1) asks for a box of area 1 - lambda, centred anywhere and clipped at the borders
+    assert (pasted > 0).mean() >= 0.9 and len(np.unique(pasted)) > 30
+    assert 0.15 <= pasted.mean() <= 0.5 and pasted.max() >= 0.6
+
+
+def test_mix_prob_sets_the_share_of_mixed_batches():
+    onehot = _smoothed(MIX_LABELS, 5, 0.0)
+    never = BatchMixer(num_classes=5, mean=(0.0,) * 3, std=(1.0,) * 3, mixup=0.8, cutmix=1.0, mix_prob=0.0)
+    for seed in range(100):
+        out = _mix(never, seed)
+        assert torch.equal(out["image"], MIX_IMAGES.float() / 255) and torch.equal(out["soft_label"], onehot)
+    sometimes = BatchMixer(num_classes=5, mean=(0.0,) * 3, std=(1.0,) * 3, mixup=1.0, mix_prob=0.3)
+    mixed = sum(not torch.equal(_mix(sometimes, seed)["image"], MIX_IMAGES.float() / 255) for seed in range(1000))
+    assert _binomial_ok(mixed, 1000, 0.3), mixed
+
+
+def test_switch_prob_sets_the_share_of_cutmix_when_both_are_on():
+    mixer = BatchMixer(num_classes=5, mean=(0.0,) * 3, std=(1.0,) * 3, mixup=1.0, cutmix=1.0, switch_prob=0.3)
+    x = MIX_IMAGES.float() / 255
+    cutmixed = 0
+    for seed in range(1000):
+        image = _mix(mixer, seed)["image"]
+        is_cutmix = bool(((image == x) | (image == x.flip(0))).all())  # every pixel kept or pasted
+        is_mixup = bool(((image != x) & (image != x.flip(0))).all())  # every pixel a blend
+        assert is_cutmix != is_mixup
+        cutmixed += is_cutmix
+    assert _binomial_ok(cutmixed, 1000, 0.3), cutmixed
