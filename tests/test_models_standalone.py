@@ -1,12 +1,16 @@
 """`models/` runs with torch and numpy alone (design.md, "Layout"): no pydantic, Ray, MLflow, Optuna or `study`.
 
-Each check runs in a fresh interpreter whose first `sys.meta_path` finder refuses those packages (and their
+The run checks go through a fresh interpreter whose first `sys.meta_path` finder refuses those packages (and their
 submodules), so an import of any of them anywhere under `models/`, however indirect, fails the run. Uninstalling
-them is not needed: the finder is asked before the installed packages are.
+them is not needed: the finder is asked before the installed packages are. The source checks read the import
+statements of `models/` and of the tests that bench/gpu_check.sh runs on a machine that has torch, Triton, numpy
+and pytest only.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -85,3 +89,46 @@ def test_models_build_and_run_without_the_study_packages():
     """)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "models ran standalone" in result.stdout
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Every absolute import in a file, at any depth (imports inside functions count too)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def _outside(paths: list[Path], allowed: set[str]) -> dict[str, list[str]]:
+    """Imports that are neither the standard library nor `allowed`, per file; test helpers (tests/<name>.py,
+    imported as `name` or `tests.name`) are followed and checked too."""
+    found, seen, queue = {}, set(), list(paths)
+    while queue:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _imported_modules(path):
+            parts = name.split(".")
+            helper = ROOT / "tests" / f"{parts[1] if parts[0] == 'tests' and len(parts) > 1 else parts[0]}.py"
+            if parts[0] == "tests" or helper.exists():
+                queue.append(helper)
+            elif parts[0] not in allowed and parts[0] not in sys.stdlib_module_names:
+                found.setdefault(str(path.relative_to(ROOT)), []).append(name)
+    return found
+
+
+def test_models_source_imports_only_torch_numpy_and_triton():
+    files = sorted((ROOT / "models").rglob("*.py"))
+    assert len(files) > 10
+    assert _outside(files, {"torch", "numpy", "triton", "models"}) == {}
+
+
+def test_the_gpu_check_tests_import_only_what_the_gpu_machine_has():
+    script = (ROOT / "bench" / "gpu_check.sh").read_text()
+    files = sorted({ROOT / name for name in re.findall(r"tests/test_\w+\.py", script)})
+    assert len(files) >= 5 and all(f.exists() for f in files), files
+    assert _outside([*files, ROOT / "tests" / "conftest.py"], {"torch", "numpy", "triton", "pytest", "models"}) == {}
