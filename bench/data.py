@@ -171,7 +171,7 @@ def main():
     # --- torch DataLoader: same transform code, same batches of work, same worker count ------------------------
     spec = ImageSpec(image_size=32, in_chans=3, augment=args.augment)
     dataset = EncodedImages(encoded, labels, spec, seed=0)
-    mixer = data.mixer
+    mixer = data.batch_steps
 
     # spawned (not forked: the parent holds Ray's and torch's threads), persistent workers, started in the cold epoch
     loader_args = {"batch_size": None, "num_workers": args.workers, "prefetch_factor": 4,

@@ -1,11 +1,19 @@
-"""The one error type for user mistakes: the CLI prints its message as a single line and exits with code 2."""
+"""The one error type for user mistakes, and the one way schema errors become it.
+
+The CLI prints a `UserError` as a single line and exits with code 2. Every pydantic schema of `study/` is applied to
+user data through `validate`, so a bad field always reads the same way: its path, what is wrong, what is allowed.
+"""
 
 from __future__ import annotations
 
 import difflib
 import types
 import typing
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+T = TypeVar("T")
 
 
 class UserError(Exception):
@@ -20,33 +28,50 @@ class UserError(Exception):
         self.field = field
 
 
-def describe_validation_error(error, data: Any = None, prefix: str = "", model: type | None = None) -> str:
-    """One line for a pydantic ValidationError: the first problem with its field path, and how many more.
+def validate(schema: type[T] | Any, data: Any, prefix: str = "") -> T:
+    """`data` checked against `schema` (a pydantic model, or a type such as a discriminated union of models).
+    A failure is a UserError: `prefix` + the first problem's field path, the problem, what that place allows, and
+    how many more problems there are; `UserError.field` is the first element of the path."""
+    try:
+        if isinstance(schema, type) and issubclass(schema, BaseModel):
+            return schema.model_validate(data)
+        return TypeAdapter(schema).validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        path = _field_path(first["loc"], data)
+        raise UserError(_describe(exc, data, prefix, schema), field=path[0] if path else None) from None
 
-    `data` is the validated input: it lets us drop the tags pydantic inserts into the path of a discriminated
-    union (``parameters.k.int.low`` becomes ``parameters.k.low``). `model` is the validated model class: with it,
-    an unknown field is answered with the fields allowed at that place.
-    """
+
+def _describe(error: ValidationError, data: Any, prefix: str, schema) -> str:
     problems = error.errors(include_url=False)
     first = problems[0]
-    location = ".".join(_field_path(first["loc"], data))
+    path = _field_path(first["loc"], data)
     message = first["msg"]
     if first["type"] == "extra_forbidden":
         message = "is not a known field"
-        known = _known_fields(model, first["loc"], data) if model is not None else None
+        known = _known_fields(schema, first["loc"], data)
         if known:
             unknown = str(first["loc"][-1])
             close = difflib.get_close_matches(unknown, known, n=1)
             message += (f" (did you mean {close[0]!r}?)" if close else "") + f"; allowed: {', '.join(known)}"
     elif first["type"] == "missing":
         message = "is required"
+    elif first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        context = first.get("ctx", {})
+        path.append(str(context.get("discriminator", "")).strip("'"))
+        allowed = ", ".join(tag.strip("' ") for tag in str(context.get("expected_tags", "")).split(","))
+        got = context.get("tag")
+        message = f"{got!r} is not one of {allowed}" if got is not None else f"is required; one of {allowed}"
     message = message.removeprefix("Value error, ")
     more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
+    location = ".".join(p for p in path if p)
     where = f"{prefix}{location}" if location else (prefix.rstrip(".: ") or "value")
     return f"{where}: {message}{more}"
 
 
 def _field_path(loc: tuple, data: Any) -> list[str]:
+    """The error's location as the user wrote it: without the tags pydantic inserts for a discriminated union
+    (``parameters.k.int.low`` is ``parameters.k.low``) or for validator functions."""
     path, node = [], data
     for part in loc:
         if isinstance(part, str) and part.startswith("function-"):
@@ -59,10 +84,10 @@ def _field_path(loc: tuple, data: Any) -> list[str]:
     return path
 
 
-def _known_fields(model: type, loc: tuple, data: Any) -> list[str] | None:
-    """The field names of the pydantic model that holds the last element of `loc`, found by walking the model's
+def _known_fields(schema, loc: tuple, data: Any) -> list[str] | None:
+    """The field names of the pydantic model that holds the last element of `loc`, found by walking the schema's
     annotations along the path (unions resolved by their tag in the data); None when it cannot be told."""
-    node_type, node = model, data
+    node_type, node = schema, data
     for part in loc[:-1]:
         if isinstance(part, str) and part.startswith("function-"):
             continue

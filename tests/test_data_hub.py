@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from data_fixtures import ray_local  # noqa: F401
 
-from study.data import load_task_data, parse_dataset_config, preflight
+from study.data import check_dataset, load_task_data, parse_dataset_config
 from study.data.hub import MIRROR_ENV
 from study.errors import UserError
 
@@ -41,17 +41,17 @@ def test_unreachable_hub_without_the_offline_flag_also_fails_fast(monkeypatch):
     monkeypatch.delenv(MIRROR_ENV, raising=False)
     start = time.monotonic()
     with pytest.raises(UserError, match="not reachable.*127.0.0.1"):
-        preflight("classification", parse_dataset_config({"source": "hf", "name": "cifar10"}))
+        check_dataset("classification", parse_dataset_config({"source": "hf", "name": "cifar10"}))
     assert time.monotonic() - start < 5
 
 
 def test_wrong_names_and_missing_paths_are_one_line_user_errors():
     with pytest.raises(UserError, match="dataset.name: 'cifar1000' is not one of cifar10, cifar100, imagenet-1k"):
-        preflight("classification", parse_dataset_config({"source": "hf", "name": "cifar1000"}))
+        check_dataset("classification", parse_dataset_config({"source": "hf", "name": "cifar1000"}))
     with pytest.raises(UserError, match="dataset.path: /no/such/shards does not exist"):
-        preflight("classification", parse_dataset_config({"source": "parquet", "path": "/no/such/shards"}))
+        check_dataset("classification", parse_dataset_config({"source": "parquet", "path": "/no/such/shards"}))
     with pytest.raises(UserError, match="dataset.source: fineweb_edu is a language_modeling source"):
-        preflight("classification", parse_dataset_config({"source": "fineweb_edu"}))
+        check_dataset("classification", parse_dataset_config({"source": "fineweb_edu"}))
 
 
 def test_hf_token_never_enters_the_config(monkeypatch):

@@ -79,8 +79,8 @@ def _train(data, epoch=0, seed=0, batch_size=8):
 
 
 def _unnormalise(data, images):
-    mean = torch.tensor(data.mixer.mean).view(1, -1, 1, 1)
-    std = torch.tensor(data.mixer.std).view(1, -1, 1, 1)
+    mean = torch.tensor(data.batch_steps.mean).view(1, -1, 1, 1)
+    std = torch.tensor(data.batch_steps.std).view(1, -1, 1, 1)
     return torch.round((images * std + mean) * 255).to(torch.uint8)
 
 

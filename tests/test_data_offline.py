@@ -37,7 +37,7 @@ def test_digits_shapes_labels_split_and_normalisation(ray_local):
     assert abs(float(images.mean())) < 0.05 and abs(float(images.std()) - 1) < 0.05
     # every validation image is a digits image, pixel for pixel (0..16 -> normalised), with its own label
     raw = load_digits()
-    mean, std = data.mixer.mean[0], data.mixer.std[0]
+    mean, std = data.batch_steps.mean[0], data.batch_steps.std[0]
     expected = {
         (np.round(img * 255 / 16).astype(np.uint8).tobytes()): int(y) for img, y in zip(raw.images, raw.target)
     }

@@ -8,7 +8,7 @@ language modelling. See docs/data.md.
 """
 
 from study.data.config import DatasetConfig
-from study.data.load import load_task_data, parse_dataset_config, preflight
+from study.data.load import check_dataset, load_task_data, parse_dataset_config
 from study.data.task_data import TaskData
 
-__all__ = ["DatasetConfig", "TaskData", "load_task_data", "parse_dataset_config", "preflight"]
+__all__ = ["DatasetConfig", "TaskData", "check_dataset", "load_task_data", "parse_dataset_config"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ray
 
-from study.data.config import CLASSIFICATION, LANGUAGE_MODELING
 from study.data.images import IMAGENET_MEAN, IMAGENET_STD, BatchMixer, ImageSpec, transform_batch
 from study.data.epoch import EpochSource
 from study.data.task_data import TaskData
-from study.data.text import Tokenizer, tokenize_and_pack
+from study.data.text import Tokenizer, TokenTargets, tokenize_and_pack
+from study.errors import UserError
 
 IMAGE_MAP_BATCH = 128  # rows per decode/augment task batch
 # Output blocks of the decode tasks: small enough that a task streams its first rows out while it works on the rest
@@ -56,8 +56,6 @@ def image_task(
     mean = cfg.mean or default_mean or (IMAGENET_MEAN if in_chans == 3 else (0.5,))
     std = cfg.std or default_std or (IMAGENET_STD if in_chans == 3 else (0.5,))
     if len(mean) != in_chans:
-        from study.errors import UserError
-
         raise UserError(f"dataset.mean/std: need {in_chans} values (one per channel), got {len(mean)}")
     random_train = cfg.augment != "none"
     clock = EpochSource() if random_train else None
@@ -76,7 +74,7 @@ def image_task(
         val = val.materialize()
         if not random_train:
             train = train.materialize()
-    mixer = BatchMixer(
+    batch_steps = BatchMixer(
         num_classes=num_classes,
         mean=tuple(mean),
         std=tuple(std),
@@ -87,14 +85,13 @@ def image_task(
         label_smoothing=cfg.label_smoothing,
     )
     return TaskData(
-        task=CLASSIFICATION,
         datasets={"train": train, "val": val},
         model_overrides={"num_classes": num_classes, "image_size": size, "in_chans": in_chans},
         num_train=num_train,
         num_val=num_val,
+        batch_steps=batch_steps,
         params={**(params or {}), "num_train": num_train, "num_val": num_val},
         shuffle_buffer=cfg.shuffle_buffer,
-        mixer=mixer,
         epoch_clock=clock,
     )
 
@@ -122,12 +119,11 @@ def text_task(
         train, val = train.materialize(), val.materialize()
         num_train, num_val = train.count(), val.count()
     return TaskData(
-        task=LANGUAGE_MODELING,
         datasets={"train": train, "val": val},
         model_overrides={"vocab_size": tokenizer.vocab_size, "context_length": cfg.seq_len},
         num_train=num_train,
         num_val=num_val,
+        batch_steps=TokenTargets(tokenizer.token_bytes()),
         params={**(params or {}), "tokenizer": tokenizer.name, "num_train": num_train, "num_val": num_val},
         shuffle_buffer=cfg.shuffle_buffer,
-        token_bytes=tokenizer.token_bytes(),
     )

@@ -170,18 +170,7 @@ class TextFilesConfig(_TextSource):
     text_column: str = "text"
 
 
-DatasetConfig = Annotated[
-    Union[
-        DigitsConfig,
-        PydocTextConfig,
-        HubImageConfig,
-        ParquetImageConfig,
-        ImageFolderConfig,
-        FineWebEduConfig,
-        TextFilesConfig,
-    ],
-    Field(discriminator="source"),
-]
-
-SOURCES = ("digits", "pydoc_text", "hf", "parquet", "image_folder", "fineweb_edu", "text_files")
+SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageConfig, ImageFolderConfig,
+                  FineWebEduConfig, TextFilesConfig)
+DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]
 OFFLINE_SOURCES = "parquet (local shards), image_folder, text_files, digits, pydoc_text"

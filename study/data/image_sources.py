@@ -18,7 +18,7 @@ import ray
 from study.data.build import image_task
 from study.data.config import HubImageConfig, ImageFolderConfig, ParquetImageConfig
 from study.data.hub import resolve_parquet_files
-from study.data.images import to_pil
+from study.data.images import encoded_bytes, to_pil
 from study.data.task_data import TaskData
 from study.data.text import doc_hash_fraction
 from study.errors import UserError
@@ -57,8 +57,6 @@ def _seeded_order(items: list, seed: int) -> list:
 
 def _hold_out(batch: dict, column: str, seed: int, fraction: float, keep_val: bool) -> dict:
     """Keep the rows on one side of the seeded hash split of the image bytes (identical images stay together)."""
-    from study.data.images import encoded_bytes
-
     keys = [encoded_bytes(v) or np.ascontiguousarray(v).tobytes() for v in batch[column]]
     is_val = doc_hash_fraction(keys, seed) < fraction
     keep = is_val if keep_val else ~is_val
@@ -98,8 +96,6 @@ def _native_mode(value) -> str:
     import io
 
     from PIL import Image
-
-    from study.data.images import encoded_bytes
 
     data = encoded_bytes(value)
     if data is not None:

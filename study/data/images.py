@@ -249,6 +249,9 @@ class BatchMixer:
         std = torch.tensor(self.std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
         return (images.float() / 255.0 - mean) / std
 
+    def evaluate(self, batch: dict) -> dict:
+        return {"image": self.normalize(batch["image"]), "label": batch["label"].long()}
+
     def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
         import torch
 

@@ -8,14 +8,23 @@ their shard with `ray.train.get_dataset_shard(name)`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import numpy as np
 
-from study.data.images import BatchMixer
-
 if TYPE_CHECKING:
     import torch
+
+
+class BatchSteps(Protocol):
+    """The worker-side steps that turn a Ray Data batch into what the model and the task read (on the training
+    device): `study.data.images.BatchMixer` for images, `study.data.text.TokenTargets` for token windows."""
+
+    def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
+        """A training batch (random steps such as Mixup draw from `rng`)."""
+
+    def evaluate(self, batch: dict) -> dict:
+        """A validation batch (deterministic)."""
 
 
 def epoch_seed(seed: int, epoch: int, *more: int) -> int:
@@ -24,21 +33,18 @@ def epoch_seed(seed: int, epoch: int, *more: int) -> int:
 
 @dataclass
 class TaskData:
-    task: str  # "classification" | "language_modeling"
     datasets: dict[str, Any]  # {"train": ray.data.Dataset, "val": ray.data.Dataset}
     model_overrides: dict
     num_train: int | None
     num_val: int | None
+    batch_steps: BatchSteps
     params: dict = field(default_factory=dict)  # resolved data settings worth logging (tokenizer, split, sizes)
     shuffle_buffer: int = 1024
-    mixer: BatchMixer | None = None  # classification
-    token_bytes: np.ndarray | None = field(default=None, repr=False)  # language modelling: bytes per token id
     epoch_clock: Any = field(default=None, repr=False)  # study.data.epoch.EpochSource for random augmentation
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["datasets"] = {}  # the datasets stay on the driver; workers use get_dataset_shard
-        state.pop("_byte_table", None)
         return state
 
     def data_config(self):
@@ -82,27 +88,12 @@ class TaskData:
         )
         rng = np.random.default_rng([seed, epoch, rank, 1])
         for batch in batches:
-            yield self._finish(batch, rng, train=True)
+            yield self.batch_steps(batch, rng)
 
     def val_batches(self, shard, *, batch_size: int, device) -> Iterator[dict[str, torch.Tensor]]:
         """Every row of the shard once, in a fixed order (images: resize + centre crop, done in Ray Data)."""
         for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False, device=device, prefetch_batches=2):
-            yield self._finish(batch, None, train=False)
-
-    def _finish(self, batch: dict, rng, *, train: bool) -> dict:
-        if self.task == "classification":
-            if train:
-                return self.mixer(batch, rng)
-            return {"image": self.mixer.normalize(batch["image"]), "label": batch["label"].long()}
-        import torch
-
-        tokens = batch["tokens"].long()
-        targets = tokens[:, 1:]
-        table = self.__dict__.get("_byte_table")
-        if table is None or table.device != targets.device:
-            table = torch.from_numpy(self.token_bytes.astype(np.int64)).to(targets.device)
-            self.__dict__["_byte_table"] = table  # cached per process; not pickled (see __getstate__)
-        return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": table[targets]}
+            yield self.batch_steps.evaluate(batch)
 
 
 def _world_rank() -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from study.data.hub import offline_flag, probe
 from study.errors import UserError
 
 BYTE_VOCAB = 257
@@ -145,8 +146,6 @@ def _ranks_from_file(path: str) -> dict[bytes, int]:
 
 def gpt2_available(raise_if_not: bool = False) -> bool:
     """GPT-2's BPE files are in tiktoken's cache, or their host answers within seconds (tiktoken then downloads them)."""
-    from study.data.hub import offline_flag, probe
-
     if _gpt2_cached() or (not offline_flag() and probe("openaipublic.blob.core.windows.net")[0]):
         return True
     if raise_if_not:
@@ -177,6 +176,30 @@ def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
     if kind == "gpt2":
         gpt2_available(raise_if_not=True)
     return Tokenizer("byte")
+
+
+class TokenTargets:
+    """Worker-side steps on packed (seq_len + 1)-token windows: inputs, next-token targets and the UTF-8 bytes each
+    target stands for (what val_bpb divides by). The same for training and validation."""
+
+    def __init__(self, token_bytes: np.ndarray):
+        self.token_bytes = token_bytes
+        self._table = None  # token_bytes on the training device, made once per process (never pickled)
+
+    def __getstate__(self):
+        return {"token_bytes": self.token_bytes, "_table": None}
+
+    def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
+        return self.evaluate(batch)
+
+    def evaluate(self, batch: dict) -> dict:
+        import torch
+
+        tokens = batch["tokens"].long()
+        targets = tokens[:, 1:]
+        if self._table is None or self._table.device != targets.device:
+            self._table = torch.from_numpy(self.token_bytes.astype(np.int64)).to(targets.device)
+        return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": self._table[targets]}
 
 
 def tokenize_and_pack(batch: dict, tokenizer: Tokenizer, seq_len: int, text_column: str) -> dict:
