@@ -37,7 +37,7 @@ from sklearn.datasets import load_digits
 
 import models
 from models.geometry import GeometryAccumulator
-from study.loop import WarmupCosine
+from study.optim import WarmupCosine
 
 LAPSTUDY = Path(sys.executable).with_name("lapstudy")
 BATCH, TRAIN_ROWS = 64, 1437

@@ -11,6 +11,15 @@ matplotlib.use("Agg")  # workers have no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from study.tasks import GeometryPictures  # noqa: E402
+
+
+def draw_geometry(pictures: GeometryPictures, folder: Path, title: str) -> None:
+    """pca.png and variance.png of one evaluation in `folder`; `title` says which (epoch, k)."""
+    pca_plot(pictures.points, pictures.labels, folder / "pca.png", f"last-layer tokens on the top two PCs ({title})",
+             label_name=pictures.label_name)
+    variance_plot(pictures.parts, pictures.total, folder / "variance.png", f"token variance decomposition ({title})")
+
 
 def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, label_name: str = "class") -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 5), dpi=110)

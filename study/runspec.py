@@ -11,15 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import models
 from models.stlt import stlt_config
 from study.data import DatasetConfig
-from study.errors import UserError, describe_validation_error
-
-Task = Literal["classification", "language_modeling"]
-FAMILY_OF_TASK = {"classification": "vit", "language_modeling": "gpt"}
+from study.errors import UserError, validate
+from study.tasks import GeometrySpec, registered_task, task_class
 
 
 class TrainConfig(BaseModel):
@@ -47,20 +45,6 @@ TRAIN_KEYS: frozenset[str] = frozenset(TrainConfig.model_fields)
 HYPERPARAMETER_KEYS: frozenset[str] = TRAIN_KEYS | models.MODEL_KEYS
 
 
-class GeometrySpec(BaseModel):
-    """When and how much token geometry (models.geometry) each run computes on the validation split."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    every: int = Field(0, ge=0, description="also compute geometry every N epochs (0: only after the last epoch)")
-    max_batches: int | None = Field(None, ge=1, description="validation batches used for geometry (None: all)")
-    top_targets: int = Field(32, ge=2, description="language models: tokens grouped by their K most frequent targets")
-    pca_points: int = Field(2000, ge=10, description="tokens in the seeded reservoir drawn in geometry/pca.png")
-
-    def due(self, epoch: int, epochs: int) -> bool:
-        return epoch == epochs or (self.every > 0 and epoch % self.every == 0)
-
-
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -79,7 +63,7 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task: Task
+    task: str = Field(description="a registered task (study/tasks): classification, language_modeling")
     dataset: DatasetConfig
     epochs: int = Field(ge=1)
     seed: int = 0
@@ -87,6 +71,8 @@ class RunSpec(BaseModel):
     geometry: GeometrySpec = GeometrySpec()
     resources: Resources = Resources()
     provenance: dict[str, Any] = Field(default_factory=dict, description="where the run came from (study, trial...)")
+
+    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
 
     @model_validator(mode="after")
     def _check(self):
@@ -103,6 +89,10 @@ class RunSpec(BaseModel):
     def model_config_flat(self) -> dict:
         return model_part(self.hyperparameters)
 
+    def document(self) -> dict:
+        """The run as a YAML-ready document (what config.yaml, trials/<id>.yaml and `lapstudy export` hold)."""
+        return self.model_dump(mode="json")
+
 
 # Model keys whose validity depends on the data (the data fixes them, or they are checked against one it fixes):
 # a check made before the data is opened leaves them to the full check after.
@@ -114,13 +104,7 @@ def model_part(hyperparameters: dict) -> dict:
 
 
 def train_config(hyperparameters: dict, where: str = "hyperparameters") -> TrainConfig:
-    values = {k: v for k, v in hyperparameters.items() if k in TRAIN_KEYS}
-    try:
-        return TrainConfig(**values)
-    except ValidationError as exc:
-        loc = exc.errors()[0]["loc"]
-        raise UserError(describe_validation_error(exc, values, prefix=f"{where}."),
-                        field=str(loc[0]) if loc else None) from None
+    return validate(TrainConfig, {k: v for k, v in hyperparameters.items() if k in TRAIN_KEYS}, prefix=f"{where}.")
 
 
 def check_hyperparameter_names(names, where: str) -> None:
@@ -159,17 +143,18 @@ def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparame
 
 def _check_run_config(hyperparameters: dict, task: str, where: str) -> dict:
     train_config(hyperparameters, where)
+    family = task_class(task).model_family
     flat = model_part(hyperparameters)
     if "model" not in flat and "preset" not in flat:
-        flat = {"model": FAMILY_OF_TASK[task], **flat}
+        flat = {"model": family, **flat}
     try:
         resolved = models.resolve_config(flat)
         models.build_config(flat)
     except models.ConfigError as exc:
         raise UserError(f"{where}.{exc.field}: {str(exc).removeprefix(exc.field + ': ')}", field=exc.field) from None
-    if resolved["model"] != FAMILY_OF_TASK[task]:
+    if resolved["model"] != family:
         raise UserError(
-            f"{where}.model: task {task} trains model {FAMILY_OF_TASK[task]!r}, got {resolved['model']!r}",
+            f"{where}.model: task {task} trains model {family!r}, got {resolved['model']!r}",
             field="model",
         )
     return resolved

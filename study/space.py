@@ -12,29 +12,23 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from study.data import DatasetConfig
-from study.errors import UserError, describe_validation_error
+from study.errors import UserError, validate
 from study.runspec import (
     HYPERPARAMETER_KEYS,
-    GeometrySpec,
     Resources,
     RunSpec,
-    Task,
     apply_data_overrides,
     check_hyperparameter_names,
     check_run_config,
 )
+from study.tasks import GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
 
 Scalar = Union[bool, int, float, str, None]
 
-# Metrics every epoch reports (what a sampler or scheduler may optimise), per task.
-EPOCH_METRICS = {
-    "classification": ("val_acc", "val_loss", "train_loss", "samples_per_s", "num_params"),
-    "language_modeling": ("val_bpb", "val_loss", "train_loss", "samples_per_s", "tokens_per_s", "num_params"),
-}
 MULTI_OBJECTIVE_SAMPLERS = ("tpe", "random", "nsga2", "grid")
 # Validation tries every combination of the parameters' extreme values up to this many, then one at a time.
 MAX_CORNER_COMBINATIONS = 4096
@@ -188,7 +182,7 @@ def _kind_shorthand(value):
 class SearchSpace(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study name (default folder and experiment)")
     description: str = ""
-    task: Task
+    task: str = Field(description="a registered task (study/tasks): classification, language_modeling")
     dataset: DatasetConfig
     metric: str | list[str]
     mode: Literal["min", "max"] | list[Literal["min", "max"]]
@@ -205,6 +199,7 @@ class SearchSpace(_Strict):
 
     _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
     _sampler = field_validator("sampler", "scheduler", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
+    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
 
     @model_validator(mode="after")
     def _check(self):
@@ -231,7 +226,7 @@ class SearchSpace(_Strict):
         return isinstance(self.metric, list) and len(self.metric) > 1
 
     def _check_objectives(self):
-        allowed = EPOCH_METRICS[self.task]
+        allowed = task_class(self.task).epoch_metrics()
         if not self.metrics:
             raise ValueError(f"metric: give at least one of {', '.join(allowed)}")
         for name in self.metrics:
@@ -472,10 +467,7 @@ class SearchSpace(_Strict):
 def parse_space(data: Any, where: str = "search space") -> SearchSpace:
     if not isinstance(data, dict):
         raise UserError(f"{where}: must be a mapping of fields (name, task, dataset, metric, ...), got {type(data).__name__}")
-    try:
-        return SearchSpace.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(describe_validation_error(exc, data, prefix=f"{where}: ", model=SearchSpace)) from None
+    return validate(SearchSpace, data, prefix=f"{where}: ")
 
 
 def load_space(path: str | Path) -> SearchSpace:

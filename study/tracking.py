@@ -34,10 +34,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # MLflow prints "View run ... at: <tracking URI>" when a run ends: noise, and a leak of credentials in the URI.
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
+from dataclasses import dataclass  # noqa: E402
+
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from study.errors import UserError  # noqa: E402
+from study.runspec import RunSpec  # noqa: E402
+from study.status import TrialStatus  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +50,6 @@ TAG_STUDY = "lapstudy.study"
 TAG_STATUS = "lapstudy.status"
 TAG_ERROR = "lapstudy.error"
 TAG_CHECKPOINT = "lapstudy.checkpoint"
-STATUS_RUNNING, STATUS_COMPLETED, STATUS_EARLY_STOPPED, STATUS_FAILED = "running", "completed", "early_stopped", "failed"
-MLFLOW_STATUS = {STATUS_COMPLETED: "FINISHED", STATUS_EARLY_STOPPED: "KILLED", STATUS_FAILED: "FAILED"}
 # How MLflow clients authenticate (https://mlflow.org/docs/latest/auth): handed to the Train workers in memory.
 MLFLOW_CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
                                "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
@@ -73,7 +75,7 @@ def check_store(tracking_uri: str, name: str, *, must_be_new: bool) -> str | Non
         experiment = client.get_experiment_by_name(name)
         has_runs = bool(experiment is not None and client.search_runs([experiment.experiment_id], max_results=1))
     except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
-        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({_short(exc)})") from None
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({short_error(exc)})") from None
     if experiment is None:
         return None
     if experiment.lifecycle_stage == "deleted":
@@ -94,7 +96,16 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
     try:
         return MlflowClient(tracking_uri).create_experiment(name, artifact_location=artifact_location)
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({_short(exc)})") from None
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({short_error(exc)})") from None
+
+
+def open_experiment(tracking_uri: str | None, folder: Path, name: str, *, must_be_new: bool) -> tuple[str, str]:
+    """(tracking URI, experiment id): experiment `name` on the tracking server `tracking_uri`, or, for None, in the
+    embedded default (a SQLite store and its artifacts in `folder`, which must exist); created if needed."""
+    if tracking_uri:
+        return tracking_uri, ensure_experiment(tracking_uri, name, None, must_be_new=must_be_new)
+    uri, artifacts = local_store(folder)
+    return uri, ensure_experiment(uri, name, artifacts, must_be_new=False)
 
 
 def redact(text: str) -> str:
@@ -115,7 +126,7 @@ def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> s
     return runs[0].info.run_id if runs else None
 
 
-def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, trial_id: str | None, status: str,
+def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, trial_id: str | None, status: TrialStatus,
               error: str | None = None, checkpoint: str | None = None, raise_errors: bool = False) -> None:
     """Set the final lapstudy status (and error) of a run and end it. Never raises unless asked: a lost tracking
     server must not take the study down."""
@@ -126,19 +137,19 @@ def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, tria
         if run_id is None:
             return
         run = client.get_run(run_id)
-        if run.info.status == MLFLOW_STATUS[status] and run.data.tags.get(TAG_STATUS) == status:
+        if run.info.status == status.mlflow_status and run.data.tags.get(TAG_STATUS) == status.value:
             return  # already closed so (a trial re-reported after a resume): leave the run as it is
-        tags = [RunTag(TAG_STATUS, status)]
+        tags = [RunTag(TAG_STATUS, status.value)]
         if error:
             tags.append(RunTag(TAG_ERROR, error[:5000]))
         if checkpoint:
             tags.append(RunTag(TAG_CHECKPOINT, checkpoint))
         client.log_batch(run_id, tags=tags)
-        client.set_terminated(run_id, MLFLOW_STATUS[status])
+        client.set_terminated(run_id, status.mlflow_status)
     except Exception as exc:  # noqa: BLE001
         if raise_errors:
             raise
-        log.warning("MLflow: could not close run %s (%s): %s", run_id, status, _short(exc))
+        log.warning("MLflow: could not close run %s (%s): %s", run_id, status, short_error(exc))
 
 
 def epoch_metrics(epoch: int, values: dict) -> list[Metric]:
@@ -151,74 +162,25 @@ def epoch_metrics(epoch: int, values: dict) -> list[Metric]:
     return metrics + [Metric("epoch", float(epoch), now, epoch)]
 
 
-def sync_runs(study_dir: Path, tracking_uri: str, experiment_id: str, study: str, records: list | None = None) -> int:
-    """Make MLflow agree with Ray's records, the study's source of truth (after a study, and `lapstudy sync`).
+@dataclass(frozen=True)
+class TrackingTarget:
+    """Where a run's rank-0 worker logs: the MLflow store, the study's experiment, and the trial's identity."""
 
-    For every finished trial: the epochs Ray recorded that its run lacks (the tracking server was away when the
-    worker logged them) are logged, a run the trial never managed to create is created (params and config.yaml
-    from the trial's run config; pictures of the missing epochs cannot be recovered), and the run gets the trial's
-    final status. A run left running by a trial Ray has no record of (its driver was killed right after starting
-    it; the study ran the configuration again as another trial) is closed as failed. A run already in order is not
-    touched. `records`: the study's trial records when the caller has just read them. Returns how many trials could
-    not be brought up to date (the server is still away)."""
-    from ray.tune.result import AUTO_RESULT_KEYS
-
-    from study import results
-
-    tune_keys = set(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag"}
-    records = {r.trial_id: r for r in (records if records is not None else results.load_records(Path(study_dir)))}
-    rows = results.trial_results(Path(study_dir))
-    failures = 0
-    for trial_id, record in records.items():
-        if record.status not in (STATUS_COMPLETED, STATUS_EARLY_STOPPED, STATUS_FAILED):
-            continue
-        reported = {int(row["epoch"]): {k: v for k, v in row.items() if k not in tune_keys}
-                    for row in rows.get(trial_id, []) if "epoch" in row}
-        try:
-            _sync_trial(Path(study_dir), tracking_uri, experiment_id, study, record, reported)
-        except Exception as exc:  # noqa: BLE001 - best effort; Ray's records stay complete either way
-            failures += 1
-            log.warning("MLflow: could not bring trial %s's run up to date: %s", trial_id, _short(exc))
-    try:
-        client = MlflowClient(tracking_uri)
-        for run in client.search_runs([experiment_id], filter_string=f"tags.`{TAG_STATUS}` = '{STATUS_RUNNING}'"):
-            if run.data.tags.get(TAG_TRIAL) not in records:
-                client.log_batch(run.info.run_id, tags=[RunTag(TAG_STATUS, STATUS_FAILED), RunTag(
-                    TAG_ERROR, "trial lost with its study driver before Ray recorded it; the study ran its "
-                               "configuration again as another trial")])
-                client.set_terminated(run.info.run_id, MLFLOW_STATUS[STATUS_FAILED])
-    except Exception as exc:  # noqa: BLE001
-        failures += 1
-        log.warning("MLflow: could not check for runs of lost trials: %s", _short(exc))
-    return failures
+    tracking_uri: str
+    experiment_id: str
+    run_name: str
+    trial_id: str | None  # None for `lapstudy train`: always a new run
+    study: str | None
 
 
-def _sync_trial(study_dir: Path, tracking_uri: str, experiment_id: str, study: str, record, reported: dict) -> None:
-    client = MlflowClient(tracking_uri)
-    run_id = find_trial_run(client, experiment_id, record.trial_id)
-    if run_id is None:
-        if not reported:
-            return  # the trial failed before its first epoch: Ray's record holds its error
-        from study.loop import run_params, spec_document
-        from study.runspec import RunSpec
-        from study.yamlio import dump_yaml, load_yaml
-
-        from study.results import TRIALS_DIR
-
-        spec = RunSpec.model_validate(load_yaml(study_dir / TRIALS_DIR / f"{record.trial_id}.yaml", "trial config"))
-        num_params = int(next(iter(reported.values())).get("num_params", 0))
-        logger = RunLogger(tracking_uri, experiment_id, trial_id=record.trial_id, run_name=record.name,
-                           study=study, params=run_params(spec, num_params), config_yaml=dump_yaml(spec_document(spec)))
-        if logger.run_id is None:
-            raise ConnectionError("the run could not be created")
-        run_id = logger.run_id
-    logged = {int(m.step) for m in client.get_metric_history(run_id, "epoch")}
-    missing = [metric for epoch in sorted(set(reported) - logged) for metric in epoch_metrics(epoch, reported[epoch])]
-    for start in range(0, len(missing), METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=missing[start:start + METRICS_PER_BATCH])
-    last = reported[max(reported)] if reported else {}
-    close_run(tracking_uri, experiment_id, run_id=run_id, trial_id=record.trial_id, status=record.status,
-              error=record.error, checkpoint=last.get("checkpoint_path"), raise_errors=True)
+def run_params(spec: RunSpec, num_params: int, data: dict | None = None) -> dict[str, str]:
+    """MLflow params: every resolved hyperparameter under its space name, plus task, seed, epochs, the dataset as
+    configured and, from the trial itself, what the data resolved to (`data.*`: split sizes, tokenizer, ...)."""
+    extra = {"task": spec.task, "seed": spec.seed, "epochs": spec.epochs, "num_params": num_params,
+             "workers": spec.resources.workers, "dataset": spec.dataset.model_dump(mode="json")}
+    if data:
+        extra["data"] = data
+    return flat_params(spec.hyperparameters, extra)
 
 
 def flat_params(hyperparameters: dict, extra: dict) -> dict[str, str]:
@@ -265,7 +227,7 @@ class RunLogger:
                 self.run_id = find_trial_run(client, self.experiment_id, self.trial_id)
             created = self.run_id is None
             if created:
-                tags = {TAG_STATUS: STATUS_RUNNING}
+                tags = {TAG_STATUS: TrialStatus.RUNNING.value}
                 if self.trial_id is not None:
                     tags[TAG_TRIAL] = self.trial_id
                 if self.study is not None:
@@ -283,7 +245,7 @@ class RunLogger:
                 run = client.get_run(self.run_id)
                 if run.info.status != "RUNNING":  # a restarted trial: its run is live again
                     client.update_run(self.run_id, status="RUNNING")
-                    client.set_tag(self.run_id, TAG_STATUS, STATUS_RUNNING)
+                    client.set_tag(self.run_id, TAG_STATUS, TrialStatus.RUNNING.value)
                 self._logged_steps = {m.step for m in client.get_metric_history(self.run_id, "epoch")}
             self._ready = True
             return True
@@ -331,10 +293,10 @@ class RunLogger:
 
     def _warn(self, what: str, exc: Exception) -> None:
         if not self._warned:
-            log.warning("MLflow %s failed (training goes on; Ray keeps the results): %s", what, _short(exc))
+            log.warning("MLflow %s failed (training goes on; Ray keeps the results): %s", what, short_error(exc))
             self._warned = True
 
 
-def _short(exc: Exception) -> str:
+def short_error(exc: Exception) -> str:
     text = redact(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text[:300]}"

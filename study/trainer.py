@@ -8,8 +8,9 @@ import ray.train
 from ray.train.torch import TorchTrainer
 
 from study.errors import UserError
-from study.loop import LoopPlan, TrackingTarget, train_loop_per_worker
+from study.loop import LoopPlan, train_loop_per_worker
 from study.runspec import RunSpec
+from study.tracking import TrackingTarget
 
 # Train keeps the newest checkpoints only: enough to resume, bounded on disk for large models.
 CHECKPOINTS_KEPT = 2

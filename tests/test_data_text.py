@@ -96,7 +96,7 @@ def test_val_bpb_counts_the_loss_of_byte_carrying_targets_only(ray_local, txt_co
     the end-of-text separators (no bytes) count in val_loss but not in bits per byte."""
     import math
 
-    from study.loop import language_model_sums
+    from study.tasks.language_modeling import language_model_sums
 
     cfg = parse_dataset_config({"source": "text_files", "path": str(txt_corpus), "seq_len": 32,
                                 "val_fraction": 0.2, "tokenizer": "byte"})

@@ -1,0 +1,59 @@
+"""Image classification (the ViT): cross-entropy on hard or soft (Mixup/CutMix, smoothed) labels; accuracy; the
+token geometry grouped by class, with neural collapse on the feature the classifier reads."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from models.geometry import GeometryAccumulator
+from study.tasks.base import GeometryPictures, Task
+
+
+class Classification(Task):
+    name = "classification"
+    model_family = "vit"
+    input_key = "image"
+    sum_names = ("loss", "samples", "correct")
+    quality_metrics = ("val_acc", "val_loss")
+    geometry_metrics = ("total_var", "within_seq_var", "within_class_var", "between_class_var", "between_class_frac",
+                        "nc1", "nc2_equinorm", "nc2_equiangle", "nc3", "nc4", "pcs99")
+
+    def loss(self, model, batch):
+        logits = model(batch["image"]).float()
+        if "soft_label" in batch:
+            return torch.sum(-batch["soft_label"] * F.log_softmax(logits, dim=-1), dim=-1).mean()
+        return F.cross_entropy(logits, batch["label"])
+
+    def eval_sums(self, logits, batch):
+        labels = batch["label"]
+        return torch.stack([F.cross_entropy(logits, labels, reduction="sum").double(),
+                            torch.tensor(float(len(labels)), dtype=torch.float64, device=logits.device),
+                            (logits.argmax(dim=1) == labels).sum().double()])
+
+    def eval_metrics(self, sums):
+        return {"val_loss": sums["loss"] / sums["samples"], "val_acc": sums["correct"] / sums["samples"]}
+
+    def new_accumulator(self):
+        self._features = []  # NC4 needs a second pass over the features, once the class centres are final
+        weight = self.model.classifier_weight
+        return GeometryAccumulator(self.model.config.dim, num_classes=weight.shape[0], feature_dim=weight.shape[1],
+                                   reservoir_size=self.geometry.pca_points, seed=self._reservoir_seed(),
+                                   device=self.worker.device)
+
+    def accumulate(self, accumulator, out, batch):
+        accumulator.update(out.tokens, labels=batch["label"], features=out.feature)
+        self._features.append(out.feature)
+
+    def finish_geometry(self, accumulator):
+        weight = self.model.classifier_weight
+        accumulator.all_reduce_()
+        accumulator.finalize_means(weight)
+        for features in self._features:
+            accumulator.update_nc4(features)
+        accumulator.all_reduce_()
+        values = accumulator.compute(weight)
+        points, labels = accumulator.pca_projection()
+        parts = {"within sequence": values["within_seq_var"], "within class": values["within_class_var"],
+                 "between class": values["between_class_var"]}
+        return values, GeometryPictures(points, labels, "class", parts, values["total_var"])

@@ -1,0 +1,72 @@
+"""Language modelling (the GPT): next-token cross-entropy; validation loss in nats and in bits per UTF-8 byte; the
+token geometry grouped by next-token target ("language collapse")."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from models.geometry import GeometryAccumulator, most_frequent_targets
+from study.tasks.base import GeometryPictures, Task
+
+
+def language_model_sums(logits: torch.Tensor, targets: torch.Tensor, target_bytes: torch.Tensor) -> torch.Tensor:
+    """[loss summed over all targets, number of targets, loss summed over targets that carry bytes, their bytes].
+    val_bpb divides the third by ln 2 times the fourth: end-of-text and other zero-byte targets count in val_loss
+    but not in bits per byte, so that val_bpb compares across tokenizers."""
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").double()
+    carries_bytes = target_bytes.flatten() > 0
+    return torch.stack([losses.sum(), losses.new_tensor(losses.numel()), losses[carries_bytes].sum(),
+                        target_bytes.sum().double()]).cpu()
+
+
+class LanguageModeling(Task):
+    name = "language_modeling"
+    model_family = "gpt"
+    input_key = "input_ids"
+    sum_names = ("loss", "targets", "byte_loss", "bytes")
+    quality_metrics = ("val_bpb", "val_loss")
+    throughput = ("samples", "tokens")
+    geometry_metrics = ("total_var", "within_seq_var", "pcs99", "within_target_var", "between_target_var",
+                        "between_target_frac", "target_nc1", "target_total_var")
+
+    def setup(self, val_batches):
+        """The K most frequent next-token targets of the validation split (all workers): the language-collapse
+        groups, fixed before the first evaluation so that every epoch groups the same tokens."""
+        vocab = self.model.config.vocab_size
+        counts = torch.zeros(vocab, dtype=torch.float64)
+        for batch in val_batches():
+            counts += torch.bincount(batch["targets"].flatten(), minlength=vocab).double().cpu()
+        counts = self.worker.all_reduce(counts)
+        ids = torch.repeat_interleave(torch.arange(vocab), counts.long())
+        self.top_targets = most_frequent_targets(ids, self.geometry.top_targets).to(self.worker.device)
+
+    def loss(self, model, batch):
+        logits = model(batch["input_ids"])
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["targets"].flatten())
+
+    def count(self, batch):
+        return {"samples": len(batch["input_ids"]), "tokens": batch["targets"].numel()}
+
+    def eval_sums(self, logits, batch):
+        return language_model_sums(logits, batch["targets"], batch["target_bytes"])
+
+    def eval_metrics(self, sums):
+        return {"val_loss": sums["loss"] / sums["targets"],
+                "val_bpb": sums["byte_loss"] / (math.log(2) * sums["bytes"])}
+
+    def new_accumulator(self):
+        return GeometryAccumulator(self.model.config.dim, target_ids=self.top_targets,
+                                   reservoir_size=self.geometry.pca_points, seed=self._reservoir_seed(),
+                                   device=self.worker.device)
+
+    def accumulate(self, accumulator, out, batch):
+        accumulator.update(out.tokens, targets=batch["targets"])
+
+    def finish_geometry(self, accumulator):
+        values = accumulator.all_reduce_().compute()
+        points, labels = accumulator.pca_projection()
+        parts = {"within target": values["within_target_var"], "between target": values["between_target_var"]}
+        return values, GeometryPictures(points, labels, "next token", parts, values["target_total_var"])
