@@ -1,7 +1,11 @@
-"""The `lapstudy` command line: run, status, export, train, ui.
+"""The `lapstudy` command line: run, status, export, train, sync, ui.
 
-User mistakes (a bad space, config or flag, an unreachable cluster or tracking server) print one line on stderr
-that names the field and what it allows, and exit with code 2 before anything is started or written.
+Paths are resolved once, here: relative to the working folder, `~` expanded, trailing slashes ignored. User
+mistakes (a bad space, config or flag, an unreachable cluster or tracking server) print one line on stderr that
+names the field and what it allows, and exit with code 2 before anything is started or written.
+
+Each command imports what it needs when it runs: `--help` and a mistaken command line answer at once, without
+loading torch, Ray and MLflow.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
+def user_path(text: str) -> Path:
+    """A path as a user types it (relative, `~`, a trailing slash), absolute from here on."""
+    return Path(os.path.expanduser(text)).resolve()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lapstudy", description="Ray Tune + Optuna studies of Laplacian-head and STLT Transformers.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
@@ -33,10 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run (or --resume) a study of a search space",
                               description="Run a study: Ray Tune trials sampled by Optuna, each a Ray Train job, "
                                           "every trial an MLflow run.")
-    run.add_argument("space", metavar="SPACE.yaml", help="the search space (see search_spaces/ and docs/study.md)")
+    run.add_argument("space", type=user_path, metavar="SPACE.yaml",
+                     help="the search space (see search_spaces/ and docs/study.md)")
     run.add_argument("--name", help="study name (default: the space's name); names the folder and the experiment")
-    run.add_argument("--storage", metavar="DIR", help="parent folder of the study folder (default: ./studies); on a "
-                     "cluster, a filesystem every node mounts")
+    run.add_argument("--storage", type=user_path, default="studies", metavar="DIR",
+                     help="parent folder of the study folder (default: ./studies); on a cluster, a filesystem every "
+                          "node mounts")
     run.add_argument("--num-samples", type=int, metavar="N", help="trials to run (default: the space's num_samples)")
     run.add_argument("--max-concurrent", type=int, metavar="N", help="trials at a time (default: as many as fit)")
     run.add_argument("--workers-per-trial", type=int, default=1, metavar="N", help="Ray Train workers per trial")
@@ -55,21 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     sync = commands.add_parser("sync", help="send MLflow what Ray recorded while the tracking server was away",
                                description="Bring a study's MLflow runs up to date with Ray's records (the source "
                                            "of truth): missing epochs, runs never created, final statuses.")
-    sync.add_argument("study_dir", metavar="STUDY_DIR")
+    sync.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
     sync.add_argument("--tracking-uri", metavar="URI", help="the study's tracking server, with credentials if it "
                       "needs them (default: the one in study.json)")
 
     status = commands.add_parser("status", help="the trials of a study as a table")
-    status.add_argument("study_dir", metavar="STUDY_DIR")
+    status.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
 
     export = commands.add_parser("export", help="write the best trials (or the Pareto set) as run configs")
-    export.add_argument("study_dir", metavar="STUDY_DIR")
+    export.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
     export.add_argument("--top", type=int, default=1, metavar="K", help="how many of the best trials (default 1)")
-    export.add_argument("--out", metavar="DIR", help="output folder (default: STUDY_DIR/exported)")
+    export.add_argument("--out", type=user_path, metavar="DIR", help="output folder (default: STUDY_DIR/exported)")
 
     train = commands.add_parser("train", help="one run of a run config through the same Ray Train loop")
-    train.add_argument("config", metavar="CONFIG.yaml")
-    train.add_argument("--storage", metavar="DIR", help="folder for the run and its MLflow store (default: ./studies/train)")
+    train.add_argument("config", type=user_path, metavar="CONFIG.yaml")
+    train.add_argument("--storage", type=user_path, default="studies/train", metavar="DIR",
+                       help="folder for the run and its MLflow store (default: ./studies/train)")
     train.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking server (default: SQLite in --storage)")
     train.add_argument("--address", help="join a running Ray cluster instead of starting a local one")
     train.add_argument("--workers", type=int, help="override the config's workers (exact reproduction needs the same)")
@@ -77,25 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--gpus-per-worker", type=float)
 
     ui = commands.add_parser("ui", help="the MLflow UI over a study's store")
-    ui.add_argument("study_dir", metavar="STUDY_DIR")
+    ui.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     ui.add_argument("--port", type=int, default=5000)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pydantic import ValidationError
-
     from models import ConfigError
-    from study.errors import describe_validation_error
 
     try:
         return _dispatch(build_parser().parse_args(argv))
     except (UserError, ConfigError) as exc:
         print(f"lapstudy: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except ValidationError as exc:
-        print(f"lapstudy: error: {describe_validation_error(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("lapstudy: interrupted; `lapstudy run SPACE.yaml --resume` continues a study", file=sys.stderr)
@@ -104,60 +110,78 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     if args.command == "run":
-        from study.tuning import RunOptions, run_study
+        from study.driver import RunOptions, run_study
 
+        from study.runspec import Resources
+
+        _check_worker_flags(args.workers_per_trial, args.cpus_per_worker, args.gpus_per_worker, "--workers-per-trial")
         return run_study(RunOptions(
-            space=args.space, name=args.name, storage=args.storage, num_samples=args.num_samples,
-            max_concurrent=_positive(args.max_concurrent, "--max-concurrent"),
-            workers_per_trial=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
-            gpus_per_worker=args.gpus_per_worker, address=args.address, tracking_uri=args.tracking_uri,
-            seed=args.seed, resume=args.resume, max_failures=_non_negative(args.max_failures, "--max-failures"),
+            space=args.space, storage=args.storage, name=args.name,
+            num_samples=_at_least(1, args.num_samples, "--num-samples"),
+            max_concurrent=_at_least(1, args.max_concurrent, "--max-concurrent"),
+            resources=Resources(workers=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
+                                gpus_per_worker=args.gpus_per_worker),
+            address=args.address, tracking_uri=args.tracking_uri, seed=args.seed, resume=args.resume,
+            max_failures=_at_least(0, args.max_failures, "--max-failures"),
             worker_resources=_worker_resources(args.worker_resource),
         ))
+    if args.command == "train":
+        from study.train import train_once
+
+        _check_worker_flags(args.workers, args.cpus_per_worker, args.gpus_per_worker, "--workers")
+        given = {"workers": args.workers, "cpus_per_worker": args.cpus_per_worker,
+                 "gpus_per_worker": args.gpus_per_worker}
+        return train_once(args.config, storage=args.storage, tracking_uri=args.tracking_uri, address=args.address,
+                          resources={k: v for k, v in given.items() if v is not None})
     if args.command == "sync":
-        from study.tuning import sync_study
+        from study.folder import StudyFolder
+        from study.sync import sync_study
 
-        return sync_study(Path(args.study_dir), args.tracking_uri)
+        return sync_study(StudyFolder(args.study_dir), args.tracking_uri)
     if args.command == "status":
-        from study import results
+        from study.folder import StudyFolder
+        from study.results import load_records, table
 
-        study_dir = Path(args.study_dir)
-        meta = results.study_meta(study_dir)
-        records = results.load_records(study_dir)
-        print(f"study {meta['name']} ({study_dir}): {len(records)} of {meta['num_samples']} trials started")
-        print(results.table(records, meta["metric"]))
+        folder = StudyFolder(args.study_dir)
+        record = folder.record()
+        records = load_records(folder)
+        print(f"study {record.name} ({folder.path}): {len(records)} of {record.num_samples} trials started")
+        print(table(records, record.metric))
         return 0
     if args.command == "export":
-        from study import results
+        from study.export import export
+        from study.folder import StudyFolder
 
-        for path in results.export(Path(args.study_dir), args.top, Path(args.out) if args.out else None):
+        for path in export(StudyFolder(args.study_dir), _at_least(1, args.top, "--top"), args.out):
             print(path)
         return 0
-    if args.command == "train":
-        from study.rerun import train_once
-
-        return train_once(args.config, storage=args.storage, tracking_uri=args.tracking_uri, address=args.address,
-                          workers=args.workers, cpus_per_worker=args.cpus_per_worker,
-                          gpus_per_worker=args.gpus_per_worker)
-    return _ui(Path(args.study_dir), args.host, args.port)
+    return _ui(args.study_dir, args.host, args.port)
 
 
 def _ui(study_dir: Path, host: str, port: int) -> int:
-    from study import results
+    from study.folder import StudyFolder
     from study.tracking import local_store
 
-    meta = results.study_meta(study_dir)
+    record = StudyFolder(study_dir).record()
     tracking_uri, _ = local_store(study_dir)
-    if meta["tracking_uri"] != tracking_uri:
-        raise UserError(f"{study_dir}: this study logs to {meta['tracking_uri']}; open that server's UI instead")
+    if record.tracking_uri != tracking_uri:
+        raise UserError(f"{study_dir}: this study logs to {record.tracking_uri}; open that server's UI instead")
     if not 0 < port < 65536:
         raise UserError(f"--port: must be in 1..65535, got {port}")
-    print(f"MLflow UI for study {meta['name']} at http://{host}:{port} (Ctrl-C to stop)", flush=True)
+    print(f"MLflow UI for study {record.name} at http://{host}:{port} (Ctrl-C to stop)", flush=True)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri, "--host", host,
                "--port", str(port), "--workers", "1"]
     os.execv(sys.executable, command)
     return 0
+
+
+def _check_worker_flags(workers, cpus_per_worker, gpus_per_worker, workers_flag: str) -> None:
+    """The worker flags (None: not given) name the flag at fault, as the user typed it."""
+    _at_least(1, workers, workers_flag)
+    if cpus_per_worker is not None and not cpus_per_worker > 0:
+        raise UserError(f"--cpus-per-worker: must be > 0, got {cpus_per_worker:g}")
+    _at_least(0, gpus_per_worker, "--gpus-per-worker")
 
 
 def _worker_resources(items: list[str]) -> dict[str, float]:
@@ -177,15 +201,9 @@ def _worker_resources(items: list[str]) -> dict[str, float]:
     return resources
 
 
-def _positive(value, flag):
-    if value is not None and value < 1:
-        raise UserError(f"{flag}: must be >= 1, got {value}")
-    return value
-
-
-def _non_negative(value, flag):
-    if value < 0:
-        raise UserError(f"{flag}: must be >= 0, got {value}")
+def _at_least(low, value, flag):
+    if value is not None and value < low:
+        raise UserError(f"{flag}: must be >= {low:g}, got {value:g}")
     return value
 
 

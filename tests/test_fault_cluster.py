@@ -129,9 +129,10 @@ def test_worker_process_crash_restarts_the_trial_from_its_last_checkpoint(node_l
 
 
 def test_node_loss_study_finishes_every_trial(node_loss):
+    from study.folder import StudyFolder
     from study.results import load_records
 
-    records = load_records(node_loss.study_dir)
+    records = load_records(StudyFolder(node_loss.study_dir))
     assert len(records) == 2
     assert [r.status for r in records] == ["completed", "completed"]
     assert all(r.epochs_run == NODE_LOSS_EPOCHS for r in records)
@@ -193,9 +194,10 @@ def tracking_lost(cluster, tmp_path_factory):
 
 
 def test_tracking_lost_training_goes_on_and_ray_keeps_every_result(tracking_lost):
+    from study.folder import StudyFolder
     from study.results import load_records
 
-    records = load_records(tracking_lost.study_dir)
+    records = load_records(StudyFolder(tracking_lost.study_dir))
     assert [r.status for r in records] == ["completed", "completed"]
     for trial, rows in tracking_lost.tune.items():
         assert [r["epoch"] for r in rows] == list(range(1, TRACKING_EPOCHS + 1))

@@ -82,9 +82,10 @@ def test_driver_node_loss_resumes_the_trial_from_its_train_checkpoint(driver_los
     checkpoint_epoch = after[0]["resumed_from_epoch"]
     assert checkpoint_epoch >= driver_loss.seen >= 2
     assert [r["epoch"] for r in after] == list(range(checkpoint_epoch + 1, EPOCHS + 1)), story(driver_loss)
+    from study.folder import StudyFolder
     from study.results import load_records
 
-    (record,) = load_records(driver_loss.study_dir)
+    (record,) = load_records(StudyFolder(driver_loss.study_dir))
     assert record.status == "completed" and record.epochs_run == EPOCHS
 
 

@@ -104,9 +104,10 @@ def crash(tmp_path_factory):
 
 
 def test_resume_finishes_exactly_the_requested_trials(crash):
+    from study.folder import StudyFolder
     from study.results import load_records
 
-    records = load_records(crash.study_dir)
+    records = load_records(StudyFolder(crash.study_dir))
     assert len(records) == 3
     assert sorted(r.params["lr"] for r in records) == sorted([DIVERGING, KILLED, AFTER])
     statuses = {r.params["lr"]: r.status for r in records}

@@ -8,6 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,7 +23,10 @@ def study_dir(tmp_path) -> Path:
     folder = tmp_path / "quick"
     folder.mkdir()
     tracking_uri, _ = local_store(folder)
-    (folder / "study.json").write_text(json.dumps({"name": "quick", "tracking_uri": tracking_uri}))
+    (folder / "study.json").write_text(json.dumps({
+        "name": "quick", "space": "quick.yaml", "created": "2026-01-01T00:00:00+00:00", "seed": 0, "num_samples": 1,
+        "max_concurrent": None, "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0},
+        "tracking_uri": tracking_uri, "experiment_id": "1", "metric": ["val_acc"], "mode": ["max"]}))
     return folder
 
 
@@ -75,12 +79,13 @@ def test_run_passes_no_auth_override_to_ray(monkeypatch, tmp_path):
     """What `lapstudy run` hands to ray.init: no auth setting, and only the listed variables go to the workers."""
     import ray
 
-    from study.tuning import connect_ray
+    from study.cluster import connect_ray
 
     seen = {}
 
     def init(**kwargs):
         seen.update(kwargs)
+        return SimpleNamespace(address_info={"session_dir": str(tmp_path / "session")})
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setenv("HF_TOKEN", "hf_x")

@@ -13,9 +13,10 @@ import yaml
 
 from study.cli import main
 from study.errors import UserError
-from study.loop import WarmupCosine
+from study.optim import WarmupCosine
 from study.resources import trial_concurrency
 from study.results import TrialRecord, best_records
+from study.status import TrialStatus
 from study.runspec import Resources, complete_hyperparameters
 from study.search import DefineByRun, make_sampler, make_scheduler
 from study.space import load_space, parse_space
@@ -167,9 +168,9 @@ def test_warmup_cosine_schedule():
 
 def test_pareto_set_is_exactly_the_non_dominated_trials():
     values = [(0.9, 100.0), (0.8, 300.0), (0.85, 90.0), (0.7, 310.0), (0.9, 100.0), (0.95, 50.0), (0.6, 20.0)]
-    records = [TrialRecord(f"t{i}", f"t{i}", "completed", {}, 3, {"val_acc": a, "samples_per_s": s})
+    records = [TrialRecord(f"t{i}", f"t{i}", TrialStatus.COMPLETED, {}, 3, {"val_acc": a, "samples_per_s": s})
                for i, (a, s) in enumerate(values)]
-    records.append(TrialRecord("stopped", "stopped", "early_stopped", {}, 1, {"val_acc": 0.99, "samples_per_s": 999}))
+    records.append(TrialRecord("stopped", "stopped", TrialStatus.EARLY_STOPPED, {}, 1, {"val_acc": 0.99, "samples_per_s": 999}))
     front = {r.trial_id for r in best_records(records, ["val_acc", "samples_per_s"], ["max", "max"])}
 
     def dominates(p, q):
@@ -226,12 +227,12 @@ def test_run_logger_keeps_one_run_per_trial_and_logs_each_epoch_once(tmp_path):
     first = logger()
     first.log_epoch(1, {"val_acc": 0.5, "train_loss": 1.0})
     first.log_epoch(2, {"val_acc": 0.6, "train_loss": 0.9})
-    close_run(uri, experiment, run_id=None, trial_id="abc_00001", status="failed", error="node lost")
+    close_run(uri, experiment, run_id=None, trial_id="abc_00001", status=TrialStatus.FAILED, error="node lost")
     restarted = logger()  # the trial restarts: same run, live again, epochs 1-2 not logged twice
     assert restarted.run_id == first.run_id
     for epoch, acc in ((2, 0.6), (3, 0.7)):
         restarted.log_epoch(epoch, {"val_acc": acc, "train_loss": 1.0 - acc})
-    close_run(uri, experiment, run_id=restarted.run_id, trial_id=None, status="completed")
+    close_run(uri, experiment, run_id=restarted.run_id, trial_id=None, status=TrialStatus.COMPLETED)
     client = MlflowClient(uri)
     runs = client.search_runs([experiment], filter_string=f"tags.`{TAG_TRIAL}` = 'abc_00001'")
     assert len(runs) == 1

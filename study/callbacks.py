@@ -1,0 +1,94 @@
+"""Ray Tune callbacks of the study driver: MLflow runs closed with their trial's status, and live progress."""
+
+from __future__ import annotations
+
+import time
+
+from ray.tune import Callback
+
+from study.results import best_records, count_statuses, format_metrics, format_params, record_from_trial
+from study.space import SearchSpace
+from study.status import TrialStatus, trial_status
+from study.tracking import close_run
+
+PROGRESS_EVERY_S = 30.0
+
+
+class CloseTrialRuns(Callback):
+    """Ends each trial's MLflow run with its lapstudy status: a trial stopped by ASHA is killed before its own code
+    could do it."""
+
+    def __init__(self, tracking_uri: str, experiment_id: str, epochs: int):
+        self.tracking_uri, self.experiment_id, self.epochs = tracking_uri, experiment_id, epochs
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._close(trial, *trial_status("TERMINATED", trial.last_result, self.epochs))
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._close(trial, *trial_status("ERROR", trial.last_result, self.epochs, error=trial.get_error()))
+
+    def _close(self, trial, status: TrialStatus, error: str | None):
+        result = trial.last_result or {}
+        close_run(self.tracking_uri, self.experiment_id, run_id=result.get("mlflow_run_id") or None,
+                  trial_id=trial.trial_id, status=status, error=error, checkpoint=result.get("checkpoint_path"))
+
+
+class StudyProgress(Callback):
+    """Live progress on the console: a line per started and finished trial, and the state of the study (done,
+    stopped early, failed, running, best so far) whenever a trial ends and at least every 30 s."""
+
+    def __init__(self, space: SearchSpace, num_samples: int):
+        self.metrics, self.modes, self.epochs, self.num_samples = space.metrics, space.modes, space.epochs, num_samples
+        self._reset()
+
+    def _reset(self):
+        self.started = time.monotonic()
+        self.last_line = 0.0
+        self.last_status = None
+
+    def setup(self, **info):
+        self._reset()
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._print(f"trial {trial.trial_id} started: {format_params(trial.config)}")
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        record = record_from_trial(trial, self.epochs, finished=True)
+        what = {TrialStatus.COMPLETED: "finished", TrialStatus.EARLY_STOPPED: f"stopped early at epoch "
+                f"{record.epochs_run}"}.get(record.status, str(record.status))
+        self._print(f"trial {trial.trial_id} {what}: {format_metrics(record, self.metrics)}"
+                    + (f" ({record.error})" if record.error else ""))
+        self._status(trials, force=True, finished=trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        _, error = trial_status("ERROR", trial.last_result, self.epochs, error=trial.get_error())
+        self._print(f"trial {trial.trial_id} failed: {error}")
+        self._status(trials, force=True)
+
+    def on_step_end(self, iteration, trials, **info):
+        self._status(trials)
+
+    def _status(self, trials, force=False, finished=None):
+        now = time.monotonic()
+        if not force and now - self.last_line < PROGRESS_EVERY_S:
+            return
+        records = [record_from_trial(t, self.epochs, finished=t is finished) for t in trials]
+        counts = count_statuses(records)
+        done = sum(counts[s] for s in TrialStatus if s.finished)
+        line = (f"{done}/{self.num_samples} done ({counts[TrialStatus.EARLY_STOPPED]} stopped early, "
+                f"{counts[TrialStatus.FAILED]} failed), {counts[TrialStatus.RUNNING]} running")
+        best = best_records(records, self.metrics, self.modes, include_running=True)
+        if best and len(self.metrics) == 1:
+            r = best[0]
+            line += (f" | best {self.metrics[0]} {r.metrics[self.metrics[0]]:.4f} (trial {r.trial_id}: "
+                     f"{format_params(r.params)})")
+        elif best:
+            line += f" | {len(best)} trial(s) on the Pareto front"
+        if force or line != self.last_status:
+            self._print(line)
+            self.last_status = line
+
+    def _print(self, text):
+        elapsed = int(time.monotonic() - self.started)
+        print(f"[{elapsed // 3600:02d}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}] {text}", flush=True)
+        self.last_line = time.monotonic()

@@ -1,0 +1,150 @@
+"""`lapstudy run`: the study driver. Ray Tune runs one trial driver per trial (study/trial.py), Optuna samples, ASHA
+stops early, MLflow records; the study folder (study/folder.py) keeps everything a resume needs."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import ray
+from ray import tune
+
+from study.callbacks import CloseTrialRuns, StudyProgress
+from study.data import TaskData
+from study.errors import UserError
+from study.folder import StudyFolder, StudyRecord
+from study.preflight import Request, preflight
+from study.resources import trial_driver_resources
+from study.results import load_records, summary
+from study.runspec import Resources, complete_hyperparameters
+from study.search import make_scheduler, make_searcher
+from study.session import previous_driver, record_driver
+from study.space import SearchSpace, load_space
+from study.sync import sync_runs
+from study.tracking import local_store, open_experiment, redact, without_credentials
+from study.trainer import plan_run
+from study.trial import StudyContext, trial_driver, trial_name
+
+# Tune saves its experiment state (what --resume restores) at most this often: a killed driver loses at most these
+# seconds of Tune's bookkeeping (its default waits 10 s or more between saves).
+EXPERIMENT_STATE_EVERY_S = 2
+# Tune re-runs a trial whose driver died (its node was lost); the trial resumes from its Train checkpoints.
+# Worker crashes are retried inside the trial by Ray Train (--max-failures).
+TRIAL_RETRIES = 1
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """`lapstudy run`'s command line, paths resolved."""
+
+    space: Path
+    storage: Path
+    name: str | None = None
+    num_samples: int | None = None
+    max_concurrent: int | None = None
+    resources: Resources = Resources()
+    address: str | None = None
+    tracking_uri: str | None = None
+    seed: int | None = None
+    resume: bool = False
+    max_failures: int = 2
+    worker_resources: dict = field(default_factory=dict)
+
+
+def run_study(options: RunOptions) -> int:
+    """Every check that can be made is made before Ray starts and before the study folder is created or touched
+    (study/preflight.py); then the trials run, and MLflow is brought up to date with Ray's records at the end."""
+    space = load_space(options.space)
+    name = options.name or space.name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise UserError(f"--name {name!r}: use letters, digits, '_', '.' and '-' (it names a folder)")
+    folder = StudyFolder(options.storage / name)
+    stored, previous = None, None
+    if options.resume:
+        stored = folder.check_resume(options.space, has_tune_state=tune.Tuner.can_restore(str(folder.path)),
+                                     num_samples=options.num_samples, seed=options.seed)
+        previous = previous_driver(folder.path)
+    else:
+        folder.check_new()
+    seed = stored.seed if stored else (options.seed if options.seed is not None else space.seed)
+    resources = stored.resources if stored else options.resources
+    worker_resources = stored.worker_resources if stored else dict(options.worker_resources)
+    num_samples = stored.num_samples if stored else (options.num_samples or space.default_num_samples())
+    tracking_uri = _tracking_uri(options, stored, folder)
+    searcher, scheduler = make_searcher(space, seed), make_scheduler(space)
+    request = Request(task=space.task, dataset=space.dataset, seed=seed, resources=resources, storage=options.storage,
+                      experiment=name, new_experiment=not stored, tracking_uri=tracking_uri, address=options.address,
+                      max_concurrent=stored.max_concurrent if stored else options.max_concurrent,
+                      worker_resources=worker_resources)
+    launch = preflight(request, lambda task_data: _check_space(space, resources, task_data), previous)
+
+    folder.path.mkdir(parents=True, exist_ok=True)
+    tracking_uri, experiment_id = open_experiment(tracking_uri, folder.path, name, must_be_new=not stored)
+    if not stored:
+        folder.start(options.space, StudyRecord(
+            name=name, space=str(options.space), created=datetime.now(timezone.utc).isoformat(), seed=seed,
+            num_samples=num_samples, max_concurrent=options.max_concurrent, resources=resources,
+            worker_resources=worker_resources, tracking_uri=without_credentials(tracking_uri),
+            experiment_id=experiment_id, metric=space.metrics, mode=space.modes))
+    record_driver(folder.path, launch.session_dir)
+
+    context = StudyContext(folder, space, seed, resources, tracking_uri, experiment_id, options.max_failures,
+                           worker_resources)
+    trainable = tune.with_resources(tune.with_parameters(trial_driver, study=context),
+                                    trial_driver_resources(ray.cluster_resources()))
+    callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.epochs), StudyProgress(space, num_samples)]
+    print(f"study {name} in {folder.path}: {num_samples} trials of {space.epochs} epochs, up to "
+          f"{launch.concurrency} at a time, {resources.workers} worker(s) x {resources.cpus_per_worker:g} CPU"
+          + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial", flush=True)
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
+    if stored:
+        tuner = tune.Tuner.restore(str(folder.path), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=num_samples,
+                                        max_concurrent_trials=launch.concurrency, trial_name_creator=trial_name,
+                                        trial_dirname_creator=trial_name),
+            run_config=tune.RunConfig(name=name, storage_path=str(options.storage), callbacks=callbacks, verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)),
+        )
+    tuner.fit()
+    records = load_records(folder)
+    unsynced = sync_runs(folder, tracking_uri, experiment_id, records)
+    print(summary(records, space, folder), flush=True)
+    if unsynced:
+        print(f"MLflow at {redact(tracking_uri)} did not answer: {unsynced} trial run(s) lack epochs Ray recorded; "
+              f"`lapstudy sync {folder.path}` sends them when it is back", flush=True)
+    return 0
+
+
+def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData | None) -> None:
+    """Every extreme configuration of the space builds: before the data (None) the keys it does not shape, then
+    all of them with the keys the data fixes, and each one's batch against the training split."""
+    if task_data is None:
+        space.check_configs(before_data=True)
+        return
+
+    def fits_the_data(hyperparameters):
+        complete = complete_hyperparameters(hyperparameters, task_data.model_overrides, space.task)
+        plan_run(space.run_spec(complete, resources), task_data.num_train)
+
+    space.check_configs(task_data.model_overrides, check=fits_the_data)
+
+
+def _tracking_uri(options: RunOptions, stored: StudyRecord | None, folder: StudyFolder) -> str | None:
+    """The tracking server's URI, None for the study's own SQLite store. A resumed study keeps its store; the URI
+    saved in study.json carries no credentials, so a resume may pass it again with them."""
+    if not stored:
+        return options.tracking_uri
+    saved = without_credentials(stored.tracking_uri)
+    if saved == local_store(folder.path)[0]:
+        if options.tracking_uri:
+            raise UserError(f"--tracking-uri: this study logs to its own store ({saved}); resume it without the flag")
+        return None
+    if options.tracking_uri and without_credentials(options.tracking_uri) != saved:
+        raise UserError(f"--tracking-uri: this study logs to {saved}; resume it with that store")
+    return options.tracking_uri or stored.tracking_uri

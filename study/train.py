@@ -1,0 +1,92 @@
+"""`lapstudy train CONFIG.yaml`: one run of an exported (or hand-written) run config through the same Ray Train loop
+as a study trial, logged to MLflow; on CPU with one worker and the config's seed it repeats the trial exactly."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import ray
+
+from study.data import TaskData
+from study.errors import UserError, validate
+from study.preflight import Request, preflight
+from study.runspec import Resources, RunSpec, check_run_config, complete_hyperparameters
+from study.status import TrialStatus, trial_status
+from study.tasks import task_class
+from study.tracking import TrackingTarget, close_run, open_experiment, redact
+from study.trainer import build_trainer, plan_run
+from study.yamlio import dump_yaml, load_yaml
+
+EXPERIMENT = "lapstudy-train"
+
+
+def load_run_spec(path: Path) -> RunSpec:
+    data = load_yaml(path, "run config")
+    if not isinstance(data, dict):
+        raise UserError(f"run config {path}: must be a mapping (task, dataset, epochs, seed, hyperparameters, ...)")
+    return validate(RunSpec, data, prefix=f"run config {path}: ")
+
+
+def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: str | None,
+               resources: dict) -> int:
+    """`resources`: the worker settings given on the command line, over the config's (an exact reproduction needs
+    the config's own)."""
+    spec = load_run_spec(path)
+    if resources:
+        spec = spec.model_copy(update={"resources": Resources(**{**spec.resources.model_dump(), **resources})})
+    where = f"run config {path}: hyperparameters"
+
+    def check_configs(task_data: TaskData | None) -> None:
+        if task_data is None:  # the model and training keys that need no data
+            check_run_config(spec.hyperparameters, spec.task, where=where, before_data=True)
+        else:
+            complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
+            plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data.num_train)
+
+    request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources, storage=storage,
+                      experiment=EXPERIMENT, new_experiment=False, tracking_uri=tracking_uri, address=address)
+    task_data = preflight(request, check_configs).task_data
+    complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
+    spec = spec.model_copy(update={"hyperparameters": complete})
+    storage.mkdir(parents=True, exist_ok=True)
+    tracking_uri, experiment_id = open_experiment(tracking_uri, storage, EXPERIMENT, must_be_new=False)
+    name = f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    (storage / f"{name}.yaml").write_text(dump_yaml(spec.document()))
+    trainer = build_trainer(spec, task_data, name=name, storage_path=storage,
+                            tracking=TrackingTarget(tracking_uri, experiment_id, name, None, None),
+                            callbacks=[], max_failures=2)
+    print(f"training {path} as run {name} ({spec.epochs} epochs, {spec.resources.workers} worker(s)); "
+          f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)
+    try:
+        result = trainer.fit()
+    except Exception as exc:
+        status, error = trial_status("ERROR", None, spec.epochs, error=str(exc))
+        close_run(tracking_uri, experiment_id, run_id=None, trial_id=None, status=status, error=error)
+        raise
+    metrics = result.metrics or {}
+    run_id = metrics.get("mlflow_run_id") or None
+    status, error = trial_status("TERMINATED", metrics, spec.epochs)
+    close_run(tracking_uri, experiment_id, run_id=run_id, trial_id=None, status=status, error=error,
+              checkpoint=result.checkpoint.path if result.checkpoint else None)
+    keys = ("train_loss", *task_class(spec.task).quality_metrics)
+    print(comparison(metrics, spec.provenance.get("final_metrics") or {}, keys), flush=True)
+    print(f"MLflow run {run_id} in experiment {EXPERIMENT!r}; checkpoints in {storage / name}", flush=True)
+    ray.shutdown()
+    return 0 if status is TrialStatus.COMPLETED else 1
+
+
+def comparison(metrics: dict, recorded: dict, keys: tuple[str, ...]) -> str:
+    """Final metrics of this run beside the ones the exported trial recorded."""
+    lines = ["final metrics" + (" (recorded by the trial -> this run)" if recorded else "") + ":"]
+    for key in keys:
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        if key in recorded:
+            same = "identical" if value == recorded[key] else f"differs by {value - recorded[key]:+.3g}"
+            lines.append(f"  {key}: {recorded[key]:.6f} -> {value:.6f} ({same})")
+        else:
+            lines.append(f"  {key}: {value:.6f}" if isinstance(value, float) and math.isfinite(value) else f"  {key}: {value}")
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""The trial driver: the Ray Tune function trainable every trial of a study runs. It resolves the trial's sampled
+values into a complete run config, records it in the study folder, and fits the trial's Ray Train `TorchTrainer`
+(its workers report every epoch to Tune through `TuneReportCallback`, which is what ASHA and the sampler see)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from study.data import load_task_data
+from study.folder import StudyFolder
+from study.runspec import Resources, complete_hyperparameters
+from study.space import SearchSpace
+from study.tracking import TrackingTarget
+from study.trainer import build_trainer
+from study.yamlio import dump_yaml
+
+
+@dataclass(frozen=True)
+class StudyContext:
+    """What every trial driver needs to know about its study (pickled into the trainable)."""
+
+    folder: StudyFolder
+    space: SearchSpace
+    seed: int
+    resources: Resources
+    tracking_uri: str
+    experiment_id: str
+    max_failures: int  # retries of a trial's workers after a crash or a lost node
+    worker_resources: dict = field(default_factory=dict)  # custom Ray resources each Train worker asks for
+
+
+def trial_name(trial) -> str:
+    """Tune's name (and folder name) of a trial; also its Train run's and MLflow run's name."""
+    return f"trial_{trial.trial_id}"
+
+
+def trial_driver(config: dict, study: StudyContext) -> None:
+    context = tune.get_context()
+    trial_id, name = context.get_trial_id(), context.get_trial_name()
+    space = study.space
+    task_data = load_task_data(space.task, space.dataset, seed=study.seed)
+    hyperparameters = complete_hyperparameters(space.resolve(config), task_data.model_overrides, space.task)
+    spec = space.run_spec(hyperparameters, study.resources, seed=study.seed,
+                          provenance={"study": study.folder.name, "trial_id": trial_id, "trial_name": name})
+    record = study.folder.trial_config(trial_id)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(dump_yaml(spec.document()))
+    trainer = build_trainer(
+        spec, task_data,
+        name=name,  # fixed per trial: a restarted trial finds its checkpoints again
+        storage_path=study.folder.train_dir,
+        tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id, study.folder.name),
+        callbacks=[TuneReportCallback()],
+        max_failures=study.max_failures,
+        worker_resources=study.worker_resources,
+    )
+    trainer.fit()
