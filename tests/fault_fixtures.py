@@ -210,6 +210,20 @@ def kill_recorded(processes: list[Proc], timeout: float = 20.0) -> list[str]:
     return killed
 
 
+def settled(processes: list[Proc], quiet: float = 3.0, timeout: float = 60.0) -> list[Proc]:
+    """The recorded processes still alive once none has exited for `quiet` seconds (at most `timeout`): after a
+    driver's kill, what does not exit on its own."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in processes if p.alive()]
+    last_change = time.monotonic()
+    while time.monotonic() - last_change < quiet and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = [p for p in alive if p.alive()]
+        if len(now) != len(alive):
+            alive, last_change = now, time.monotonic()
+    return alive
+
+
 def processes_using(marker: str) -> list[Proc]:
     """Live processes whose command line mentions `marker` (a private temp folder): what a test left behind."""
     found = []

@@ -26,11 +26,11 @@ from fault_fixtures import (
     epoch_steps,
     explain,
     free_port,
-    kill_recorded,
     live_results,
     private_ray_tmp,
     process_tree,
     run_lapstudy,
+    settled,
     study_env,
     tiny_space,
     tree_digest,
@@ -81,12 +81,11 @@ def crash(tmp_path_factory):
             first.process.wait(30)
         finally:
             first.close()
-        # Ray's processes outlive their driver (some exit on their own within moments, some never do).
-        time.sleep(5)
-        state.left_behind = kill_recorded(state.recorded[1:])
-        print(f"\nRay processes still alive 5 s after the driver's SIGKILL, ended by recorded id: {state.left_behind}")
-        # What the killed study left, read once none of its processes runs: a Train worker that outlived its driver
-        # by a moment may still have finished an epoch (logged to MLflow, then checkpointed).
+        # Ray's processes outlive their driver: most exit on their own within moments (a Train worker may still
+        # finish an epoch, logged to MLflow, then checkpointed), some never do. What the killed study left is read
+        # once that has settled; what never exits is the resume's to end.
+        state.left_behind = settled(state.recorded[1:])
+        print(f"\nRay processes still alive after the driver's SIGKILL had settled: {state.left_behind}")
         state.tune_at_kill, state.mlflow_at_kill = study_records(study_dir, "crash")
         state.trials_at_kill = {p.name: p.read_bytes() for p in (study_dir / "trials").iterdir()}
 
@@ -213,10 +212,15 @@ def test_export_never_returns_the_diverged_trial(crash, tmp_path):
     assert len(names) == 2 and not any(diverged in name for name in names), names
 
 
-def test_processes_of_the_killed_driver_are_gone(crash):
+def test_resume_ends_what_the_killed_driver_left_running(crash):
+    """Some of a killed driver's Ray processes never exit on their own (Ray's agents, among others): `--resume` ends
+    them, and says so; nothing of the old session is alive once the resumed study is done."""
     assert len(crash.recorded) > 5, "the driver's Ray processes were recorded before the kill"
-    for process in crash.recorded:
-        assert not process.alive(), process
+    assert crash.left_behind, "nothing of the killed session was left running: this test would prove nothing"
+    alive = [process for process in crash.recorded if process.alive()]
+    assert not alive, f"left running after the resume: {alive}"
+    said = [line for line in crash.resume_log.splitlines() if "the stopped study's Ray session left running" in line]
+    assert len(said) == 1 and all(f"[{p.pid}]" in said[0] for p in crash.left_behind), (said, crash.left_behind)
 
 
 def test_bad_resume_leaves_the_study_untouched(crash, tmp_path):
