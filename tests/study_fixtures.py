@@ -37,8 +37,15 @@ def ray_address():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def lapstudy(*args, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def lapstudy(*args, timeout: float = 600, cwd: Path | None = None, home: Path | None = None
+             ) -> subprocess.CompletedProcess:
+    """The installed `lapstudy` command with `args`, run in `cwd` (relative paths are resolved there) with `home` as
+    the home folder (what `~` means)."""
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+    if home is not None:
+        env["HOME"] = str(home)
+        # Ray's token for the test cluster stays where the real home folder keeps it.
+        env.setdefault("RAY_AUTH_TOKEN_PATH", os.path.expanduser("~/.ray/auth_token"))
     return subprocess.run([str(LAPSTUDY), *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=cwd)
 
@@ -70,3 +77,18 @@ def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, 
     from mlflow.tracking import MlflowClient
 
     return [(m.step, m.value) for m in MlflowClient(tracking_uri).get_metric_history(run_id, key)]
+
+
+def searcher_study(study_dir: Path):
+    """The Optuna study inside the searcher state Tune saved in the study folder, and its trials by Tune trial id.
+    Each driver session writes its own state file and Tune restores the newest by the session timestamp in the name
+    (not by mtime: the final sync copies every session's file again, so their mtimes tie)."""
+    import pickle
+
+    state_file = max(Path(study_dir).glob("searcher-state-*.pkl"), key=lambda p: p.name)
+    state = pickle.loads(state_file.read_bytes())
+    searcher = state.get("searcher", state) if isinstance(state, dict) else state
+    searcher_state = searcher if isinstance(searcher, dict) else vars(searcher)
+    while "_ot_study" not in searcher_state:  # Tune may wrap the OptunaSearch (e.g. in a ConcurrencyLimiter)
+        searcher_state = vars(searcher_state["searcher"])
+    return searcher_state["_ot_study"], searcher_state["_ot_trials"]

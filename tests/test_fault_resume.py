@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import signal
 import subprocess
 import time
@@ -20,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from study_fixtures import searcher_study
 from fault_fixtures import (
     LAPSTUDY,
     Lapstudy,
@@ -166,15 +166,7 @@ def test_one_mlflow_run_per_trial_with_complete_histories(crash):
 def test_searcher_history_holds_every_completed_trial(crash):
     import optuna
 
-    # The state Tune restores from: each driver session writes its own file and Tune picks the newest by the session
-    # timestamp in the name. Not by mtime: the final sync copies every session's file again, so their mtimes tie.
-    state_file = max(crash.study_dir.glob("searcher-state-*.pkl"), key=lambda p: p.name)
-    state = pickle.loads(state_file.read_bytes())
-    searcher = state.get("searcher", state) if isinstance(state, dict) else state
-    searcher_state = searcher if isinstance(searcher, dict) else vars(searcher)
-    while "_ot_study" not in searcher_state:  # Tune may wrap the OptunaSearch (e.g. in a ConcurrencyLimiter)
-        searcher_state = vars(searcher_state["searcher"])
-    study, trials_by_tune_id = searcher_state["_ot_study"], searcher_state["_ot_trials"]
+    study, trials_by_tune_id = searcher_study(crash.study_dir)  # the state Tune restores from
     assert set(trials_by_tune_id) == set(crash.tune)
     complete = {t.number: t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
     for tune_id, rows in crash.tune.items():
