@@ -1,6 +1,6 @@
 """Token geometry of the last layer: variance decomposition, neural collapse, spectral decay, PCA pictures.
 
-Definitions (design page, "Token geometry"). Tokens X are (B, T, d): the last block's output after the final norm,
+Definitions (docs/geometry.md). Tokens X are (B, T, d): the last block's output after the final norm,
 the same T for every sequence, one label y_b per sequence. mu_seq(b) = mean_t X[b, t], mu_class(c) = mean of mu_seq
 over the sequences of class c, mu_global = mean of all tokens::
 

@@ -71,7 +71,8 @@ class StudyFolder:
         return validate(StudyRecord, json.loads(path.read_text()), prefix=f"{path}: ")
 
     def space(self) -> SearchSpace:
-        return load_space(self.path / SPACE_FILE)
+        """The space the study runs (its copy here, its dataset paths as read from where the original was)."""
+        return load_space(self.path / SPACE_FILE, base=Path(self.record().space).parent)
 
     def check_new(self) -> None:
         if self.path.exists() and any(self.path.iterdir()):

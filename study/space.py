@@ -470,5 +470,8 @@ def parse_space(data: Any, where: str = "search space") -> SearchSpace:
     return validate(SearchSpace, data, prefix=f"{where}: ")
 
 
-def load_space(path: str | Path) -> SearchSpace:
-    return parse_space(load_yaml(path, "search space"), f"search space {path}")
+def load_space(path: Path, base: Path | None = None) -> SearchSpace:
+    """The space in the YAML file at `path`; relative dataset paths are read from `base` (default: the file's folder,
+    so a space works from wherever lapstudy runs)."""
+    space = parse_space(load_yaml(path, "search space"), f"search space {path}")
+    return space.model_copy(update={"dataset": space.dataset.relative_to(base or Path(path).parent)})

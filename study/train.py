@@ -26,7 +26,8 @@ def load_run_spec(path: Path) -> RunSpec:
     data = load_yaml(path, "run config")
     if not isinstance(data, dict):
         raise UserError(f"run config {path}: must be a mapping (task, dataset, epochs, seed, hyperparameters, ...)")
-    return validate(RunSpec, data, prefix=f"run config {path}: ")
+    spec = validate(RunSpec, data, prefix=f"run config {path}: ")
+    return spec.model_copy(update={"dataset": spec.dataset.relative_to(path.parent)})
 
 
 def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: str | None,

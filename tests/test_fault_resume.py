@@ -19,7 +19,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from study_fixtures import searcher_study
 from fault_fixtures import (
     LAPSTUDY,
     Lapstudy,
@@ -38,6 +37,7 @@ from fault_fixtures import (
     wait_for,
     write_space,
 )
+from study_fixtures import searcher_study
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +68,10 @@ def crash(tmp_path_factory):
         state.env = env
         first = Lapstudy(args, env, root / "first.log")
         try:
+            # A resume while the study still runs is refused.
+            wait_for(lambda: list(study_dir.glob("experiment_state*.json")), 180, "Tune's first experiment state")
+            state.resume_while_running = run_lapstudy([*args, "--resume"], env, timeout=180)
+
             def killed_trial_mid_way():
                 assert not first.finished(), "the study ended before the kill:\n" + first.log()
                 results = live_results(ray_tmp, "crash")
@@ -213,6 +217,12 @@ def test_resume_ends_what_the_killed_driver_left_running(crash):
     assert not alive, f"left running after the resume: {alive}"
     said = [line for line in crash.resume_log.splitlines() if "the stopped study's Ray session left running" in line]
     assert len(said) == 1 and all(f"[{p.pid}]" in said[0] for p in crash.left_behind), (said, crash.left_behind)
+
+
+def test_resume_of_a_running_study_is_refused(crash):
+    refused = crash.resume_while_running
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1 and "still running" in lines[0], refused.stderr
 
 
 def test_bad_resume_leaves_the_study_untouched(crash, tmp_path):

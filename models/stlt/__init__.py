@@ -1,4 +1,4 @@
-"""STLT: the adaptive bilateral short-time Laplace transform token mixer (design.md, section "STLT").
+"""STLT: the adaptive bilateral short-time Laplace transform token mixer (docs/stlt.md).
 
 - `stlt_mix`: the functional op, with backends "reference" (naive.py, the definition), "torch" (fftconv.py, and
   chunked.py for long sequences), "triton" (triton_op.py + triton_kernels.py, fused kernels) and "auto".

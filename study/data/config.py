@@ -10,11 +10,15 @@ so every trial of a study is scored on the same validation rows; the trial seed 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 AugmentLevel = Literal["none", "basic", "three_augment"]
+# The fields that name files or folders: relative ones are read from the folder of the space or config that says so.
+PATH_FIELDS = ("path", "val_path", "local_dir", "tokenizer_file")
 TokenizerName = Literal["gpt2", "byte", "auto"]
 
 CLASSIFICATION = "classification"
@@ -25,6 +29,12 @@ class _Source(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     split_seed: int = Field(0, description="seed of the train/validation hold-out split (not the trial seed)")
+
+    def relative_to(self, base: Path):
+        """This config with its relative paths (and `~`) made absolute, relative ones taken from `base`."""
+        paths = {name: getattr(self, name, None) for name in PATH_FIELDS}
+        resolved = {name: os.path.join(base, os.path.expanduser(value)) for name, value in paths.items() if value}
+        return self.model_copy(update=resolved)
 
 
 class _ImageSource(_Source):

@@ -6,7 +6,7 @@ import os
 
 import ray
 
-from study.data.config import SOURCE_CONFIGS, DatasetConfig
+from study.data.config import PATH_FIELDS, SOURCE_CONFIGS, DatasetConfig
 from study.data.hub import local_copy, require_hub
 from study.data.image_sources import HUB_PRESETS, load_hub_images, load_image_folder, load_parquet_images
 from study.data.offline import load_digits_task, load_pydoc_text_task
@@ -43,7 +43,7 @@ def check_dataset(task: str, config: DatasetConfig) -> DatasetConfig:
             f"dataset.source: {config.source} is a {config.task} source but the study's task is {task}; "
             f"{task} sources: {', '.join(_sources_for(task))}"
         )
-    for field_name in ("path", "val_path", "local_dir", "tokenizer_file"):
+    for field_name in PATH_FIELDS:
         value = getattr(config, field_name, None)
         if value and not any(c in value for c in "*?[") and not os.path.exists(os.path.expanduser(value)):
             raise UserError(f"dataset.{field_name}: {value} does not exist")
