@@ -55,6 +55,16 @@ def test_ui_binds_to_localhost_by_default(study_dir, monkeypatch):
     assert _option(command, "--backend-store-uri") == local_store(study_dir)[0]
 
 
+def test_ui_takes_the_study_folder_as_typed(study_dir, monkeypatch):
+    """Relative to where it runs, with a trailing slash, or under ~: the same store, named by its absolute path."""
+    expected = f"sqlite:///{study_dir.resolve() / 'mlflow.db'}"
+    monkeypatch.chdir(study_dir.parent)
+    assert _option(_ui_command(monkeypatch, ["ui", f"{study_dir.name}/"]), "--backend-store-uri") == expected
+    monkeypatch.setenv("HOME", str(study_dir.parent))
+    monkeypatch.chdir("/")
+    assert _option(_ui_command(monkeypatch, ["ui", f"~/{study_dir.name}"]), "--backend-store-uri") == expected
+
+
 def test_ui_binds_elsewhere_only_when_told(study_dir, monkeypatch):
     command = _ui_command(monkeypatch, ["ui", str(study_dir), "--host", "0.0.0.0", "--port", "5055"])
     assert _option(command, "--host") == "0.0.0.0"
