@@ -29,11 +29,13 @@ class MixerModel(nn.Module):
     blocks: nn.ModuleList
     mixer_kinds: list[str]
 
-    def _build_blocks(self, config, *, causal: bool, seq_len: int, proj_bias: bool, rope, **block_options) -> None:
+    def _build_blocks(self, config, *, causal: bool, seq_len: int, proj_bias: bool, rope,
+                      drop_path_schedule: str = "linear", **block_options) -> None:
         """One Block per layer around the mixer its kind names, told what the layer is (its Laplacian head count,
-        causality, sequence length); stochastic depth rises linearly from 0 in the first layer to ``config.drop_path``
-        in the last."""
-        drop_rates = [config.drop_path * layer / max(config.depth - 1, 1) for layer in range(config.depth)]
+        causality, sequence length). Stochastic depth: ``config.drop_path`` in every layer (``"uniform"``, DeiT
+        III's models_v2.py), or rising linearly from 0 in the first layer to it in the last (``"linear"``, DeiT I
+        and timm)."""
+        drop_rates = drop_path_rates(config.drop_path, config.depth, drop_path_schedule)
         self.mixer_kinds = config.mixer_kinds
         self.blocks = nn.ModuleList()
         for layer, kind in enumerate(config.mixer_kinds):
@@ -91,6 +93,13 @@ class MixerModel(nn.Module):
             {"params": slow_params, "weight_decay": 0.0, "lr_scale": slow_lr_scale},
         ]
         return [g for g in groups if g["params"]]
+
+
+def drop_path_rates(rate: float, depth: int, schedule: str) -> list[float]:
+    """Stochastic-depth rate of each of ``depth`` layers: ``rate`` everywhere (uniform) or 0 -> ``rate`` (linear)."""
+    if schedule == "uniform":
+        return [rate] * depth
+    return [rate * layer / max(depth - 1, 1) for layer in range(depth)]
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -19,13 +19,14 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         layer_scale_init: float = 0.0,
         bias: bool = True,
+        norm_eps: float = 1e-5,
     ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, bias=bias)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
         self.mixer = mixer
         self.ls1 = LayerScale(dim, layer_scale_init) if layer_scale_init > 0 else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, bias=bias)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), bias=bias)
         self.ls2 = LayerScale(dim, layer_scale_init) if layer_scale_init > 0 else nn.Identity()
         self.drop_path2 = DropPath(drop_path)

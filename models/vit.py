@@ -3,6 +3,9 @@
 Patch embedding, a class token, learned position embeddings (on the patches; the class token carries none, as in
 DeiT-III), pre-norm blocks with LayerScale and stochastic depth, a final norm and a linear classifier reading the
 class token (or the mean of the patch tokens with ``pool="mean"``).
+
+The defaults are DeiT III's (facebookresearch/deit, models_v2.py): LayerNorm eps 1e-6 in every norm (:325), LayerScale
+initialised to 1e-4 on both branches (:182, :77-78), and the same stochastic-depth rate in every block (:200).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class ViTConfig(TransformerConfig):
     qkv_bias: bool = True
     pool: str = "cls"
     layer_scale_init: float = 1e-4
+    norm_eps: float = 1e-6  # every LayerNorm (DeiT III); PyTorch's default is 1e-5
+    drop_path_schedule: str = "uniform"  # "uniform": drop_path in every block (DeiT III); "linear": 0 -> drop_path
 
     def __post_init__(self):
         check_int("image_size", self.image_size, low=1)
@@ -37,6 +42,8 @@ class ViTConfig(TransformerConfig):
         check_int("num_classes", self.num_classes, low=2)
         check_choice("pool", self.pool, ("cls", "mean"))
         check_number("layer_scale_init", self.layer_scale_init, low=0.0)
+        check_number("norm_eps", self.norm_eps, low=0.0, low_open=True)
+        check_choice("drop_path_schedule", self.drop_path_schedule, ("uniform", "linear"))
         super().__post_init__()
 
     @property
@@ -52,8 +59,9 @@ class ViT(MixerModel):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, c.num_patches, c.dim))
         self._build_blocks(c, causal=False, seq_len=c.num_patches + 1, proj_bias=True, rope=None,
-                           layer_scale_init=c.layer_scale_init)
-        self.norm = nn.LayerNorm(c.dim)
+                           drop_path_schedule=c.drop_path_schedule, layer_scale_init=c.layer_scale_init,
+                           norm_eps=c.norm_eps)
+        self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.head = nn.Linear(c.dim, c.num_classes)
         self.apply(_init_weights)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
