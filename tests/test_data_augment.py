@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from PIL import Image
+from PIL import Image, ImageFilter
 
-from study.data.images import BatchMixer, ImageSpec, center_box, gaussian_blur, random_resized_boxes, \
+from study.data.images import BatchMixer, ImageSpec, center_crop_resize, gaussian_blur, random_resized_boxes, \
     three_augment, transform_batch
 
 
@@ -30,47 +30,30 @@ def test_random_resized_boxes_stay_inside_with_area_and_aspect_in_range():
     assert len(np.unique(left)) > 10  # positions vary
 
 
-def test_center_box_matches_resize_then_centre_crop():
-    # 400x300 image, resize short side to 256 (scale 256/300), centre crop 224 -> a 262.5 px square in the source
-    left, top, right, bottom = center_box(400, 300, 256, 224)
-    assert right - left == pytest.approx(224 * 300 / 256) and bottom - top == pytest.approx(224 * 300 / 256)
-    assert (left + right) / 2 == 200 and (top + bottom) / 2 == 150
-    assert center_box(32, 32, 32, 32) is None  # native size: no resampling at all
+def test_center_crop_resize_resizes_the_short_side_then_takes_the_centre():
+    # 400x300 image, short side to 256: 341x256 (int(256 * 400 / 300)); the centre 224 square starts at
+    # (round(58.5), round(16)) = (58, 16): round half to even, as torchvision's CenterCrop rounds
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8))
+    expected = np.asarray(image.resize((341, 256), Image.BICUBIC).crop((58, 16, 58 + 224, 16 + 224)))
+    np.testing.assert_array_equal(center_crop_resize(image, 256, 224), expected)
+    small = Image.fromarray(np.arange(32 * 32 * 3, dtype=np.uint8).reshape(32, 32, 3))
+    np.testing.assert_array_equal(center_crop_resize(small, 32, 32), np.asarray(small))  # native size: as is
 
 
-def _explicit_blur(image: np.ndarray, sigma: float, radius: int) -> np.ndarray:
-    """out[i, j] = sum_{u,v} K[u, v] x[reflect(i + u), reflect(j + v)] at every pixel of one (H, W) image, with
-    K[u, v] proportional to exp(-(u^2 + v^2) / (2 sigma^2)) over |u|, |v| <= radius and summing to 1."""
-    offsets = np.arange(-radius, radius + 1)
-    kernel = np.exp(-(offsets[:, None] ** 2 + offsets[None, :] ** 2) / (2 * sigma ** 2))
-    kernel /= kernel.sum()
-    height, width = image.shape
-
-    def reflect(i, n):  # mirror about the edge pixel without repeating it: -1 -> 1, n -> n - 2
-        i = np.abs(i)
-        return np.where(i > n - 1, 2 * (n - 1) - i, i)
-
-    out = np.empty((height, width))
-    for i in range(height):
-        for j in range(width):
-            rows, cols = reflect(i + offsets, height), reflect(j + offsets, width)
-            out[i, j] = (kernel * image[np.ix_(rows, cols)]).sum()
-    return out
-
-
-def test_gaussian_blur_keeps_constants_and_matches_an_explicit_2d_convolution_at_every_pixel():
+def test_gaussian_blur_keeps_constants_and_is_pillows_at_every_pixel():
     x = torch.full((2, 3, 16, 16), 77.0)
-    assert torch.allclose(gaussian_blur(x, torch.tensor([0.5, 1.7], dtype=torch.float64)), x)
-    rng = torch.Generator().manual_seed(0)
-    # the kernel radius is ceil(3 * the batch's largest sigma), capped at min(H, W) - 1 so reflect padding fits
-    for (height, width), sigmas in (((12, 15), [1.3]), ((12, 15), [0.4, 1.3, 2.0]), ((6, 9), [0.7, 2.0])):
-        img = torch.rand(len(sigmas), 2, height, width, generator=rng) * 255
-        out = gaussian_blur(img, torch.tensor(sigmas, dtype=torch.float64))
-        radius = min(math.ceil(3 * max(sigmas)), min(height, width) - 1)
+    assert torch.equal(gaussian_blur(x, torch.tensor([0.5, 1.7], dtype=torch.float64)), x)
+    rng = np.random.default_rng(0)
+    # one call, images of different sigmas (as in three_augment's batch); two channels, shapes down to one pixel
+    for (height, width), sigmas in (((12, 15), [1.3]), ((12, 15), [0.4, 1.3, 2.0]), ((6, 9), [0.7, 2.0]),
+                                    ((1, 7), [0.1, 1.9])):
+        img = rng.integers(0, 256, (len(sigmas), height, width, 2), dtype=np.uint8)
+        x = torch.from_numpy(img).permute(0, 3, 1, 2).float()
+        out = gaussian_blur(x, torch.tensor(sigmas, dtype=torch.float64)).permute(0, 2, 3, 1).numpy()
         for b, sigma in enumerate(sigmas):
             for c in range(2):
-                expected = _explicit_blur(img[b, c].double().numpy(), sigma, radius)
-                np.testing.assert_allclose(out[b, c].numpy(), expected, rtol=0, atol=1e-3)  # 0..255 scale, float32
+                pil = Image.fromarray(img[b, ..., c]).filter(ImageFilter.GaussianBlur(radius=sigma))
+                np.testing.assert_array_equal(out[b, ..., c], np.asarray(pil))
 
 
 def _three_augment_kinds(images: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -105,13 +88,13 @@ def test_three_augment_blurs_the_rest_with_a_sigma_in_the_documented_range():
     out = three_augment(images, np.random.default_rng(2), jitter=0.0)
     _, _, blurred = _three_augment_kinds(images, out)
     assert blurred.sum() > 50
-    # steps of 0.005; with 2.0 in the grid the kernel radius is 6, as in three_augment's batch (largest sigma > 5/3)
-    grid = torch.linspace(0.1, 2.0, 381, dtype=torch.float64)
+    # steps of 0.001: the blur moves by at most a level between neighbouring sigmas of the grid
+    grid = torch.linspace(0.1, 2.0, 1901, dtype=torch.float64)
     best_error, best_sigma = [], []
     for i in np.flatnonzero(blurred):
         original = torch.from_numpy(images[i]).permute(2, 0, 1).float()
         candidates = gaussian_blur(original.expand(len(grid), -1, -1, -1).contiguous(), grid)
-        candidates = candidates.round().clamp(0, 255).permute(0, 2, 3, 1).numpy()
+        candidates = candidates.permute(0, 2, 3, 1).numpy()
         error = np.abs(candidates - out[i]).max(axis=(1, 2, 3))
         best_error.append(error.min())
         best_sigma.append(float(grid[error.argmin()]))

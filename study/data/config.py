@@ -50,14 +50,16 @@ class _ImageSource(_Source):
     crop_scale: tuple[float, float] = Field((0.08, 1.0), description="area range of the random resized crop")
     crop_ratio: tuple[float, float] = Field((3 / 4, 4 / 3), description="aspect-ratio range of the random resized crop")
     hflip: bool = Field(True, description="random horizontal flip in basic/three_augment")
-    color_jitter: float = Field(0.3, ge=0.0, le=1.0, description="brightness/contrast/saturation jitter in three_augment")
+    color_jitter: float = Field(0.3, ge=0.0, le=1.0, description="three_augment: brightness, contrast and saturation "
+                                "factors uniform in [1 - jitter, 1 + jitter], in a random order per image (DeiT III: 0.3)")
     mixup: float = Field(0.0, ge=0.0, description="Mixup Beta(alpha, alpha) parameter; 0 turns Mixup off")
     cutmix: float = Field(0.0, ge=0.0, description="CutMix Beta(alpha, alpha) parameter; 0 turns CutMix off")
     mix_prob: float = Field(1.0, ge=0.0, le=1.0, description="probability that a batch is mixed at all")
     switch_prob: float = Field(0.5, ge=0.0, le=1.0, description="probability of CutMix over Mixup when both are on")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the soft targets")
     eval_crop_pct: float | None = Field(
-        None, gt=0.0, le=1.0, description="evaluation: resize the short side to image_size / crop_pct, centre crop"
+        None, gt=0.0, le=1.0, description="evaluation: resize the short side to image_size / crop_pct (bicubic), centre "
+        "crop (None: the source's; DeiT III evaluates at 1.0)"
     )
     mean: tuple[float, ...] | None = Field(None, description="per-channel normalisation mean (None: the source's)")
     std: tuple[float, ...] | None = Field(None, description="per-channel normalisation std (None: the source's)")

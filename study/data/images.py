@@ -5,6 +5,11 @@ in Ray Data `map_batches` tasks on CPU workers and hands uint8 (B, C, S, S) imag
 work that needs the shuffled training batch (normalisation, Mixup/CutMix, label smoothing) runs in the worker's batch
 iterator on the training device, as timm does.
 
+The reference is facebookresearch/deit: augment.py (3-Augment) and datasets.py (evaluation). Its operations are
+torchvision's on PIL images, so each one here computes what Pillow computes, on whole uint8 levels after every step:
+bicubic resampling of the crop alone, PIL's grey level, solarisation at 128, Pillow's own Gaussian blur, and
+brightness/contrast/saturation as Pillow's blends, in a random order per image.
+
 Randomness: a map task draws from a generator seeded by (trial seed, epoch, CRC of the batch's encoded images), so an
 epoch's augmentations depend only on the seed and the data, never on which task or process ran them.
 """
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFilter
 
 if TYPE_CHECKING:
     import torch
@@ -111,34 +116,42 @@ def random_resized_boxes(rng: np.random.Generator, sizes: np.ndarray, scale, rat
     return np.stack([left, top, left + w, top + h], axis=1)
 
 
-def center_box(width: int, height: int, resize: int, crop: int) -> tuple[float, float, float, float] | None:
-    """Box in source pixels that resize-short-side-to-`resize` then centre-crop-`crop` selects (None: whole image)."""
-    scale = resize / min(width, height)
-    half = crop / (2 * scale)
-    cx, cy = width / 2, height / 2
-    box = (cx - half, cy - half, cx + half, cy + half)
-    if width == height and abs(2 * half - width) < 1e-9:
-        return None
-    return box
-
-
-def _resize(image: Image.Image, size: int, box) -> np.ndarray:
-    if box is None and image.size == (size, size):
-        out = image
-    else:
-        out = image.resize((size, size), Image.BILINEAR, box=box)
-    array = np.asarray(out, dtype=np.uint8)
+def _array(image: Image.Image) -> np.ndarray:
+    array = np.asarray(image, dtype=np.uint8)
     return array[..., None] if array.ndim == 2 else array
+
+
+def crop_resize(image: Image.Image, box, size: int) -> np.ndarray:
+    """The crop `box` (left, top, right, bottom; whole pixels) resized bicubic to size x size, (S, S, C) uint8.
+
+    timm's RandomResizedCropAndInterpolation as 3-Augment uses it (deit augment.py:96, :105): crop first, then
+    resize the crop, so no pixel outside the box enters (PIL's resize(box=...) would read past the box's edges)."""
+    left, top, right, bottom = (int(v) for v in box)
+    if (left, top, right, bottom) != (0, 0, *image.size):
+        image = image.crop((left, top, right, bottom))
+    return _array(image if image.size == (size, size) else image.resize((size, size), Image.BICUBIC))
+
+
+def center_crop_resize(image: Image.Image, resize: int, size: int) -> np.ndarray:
+    """DeiT's evaluation transform (deit datasets.py:101-105): torchvision's Resize(resize, bicubic), the short side
+    to `resize` and the long side to int(resize * long / short), then CenterCrop(size), offsets int(round(...))."""
+    width, height = image.size
+    short, long = min(width, height), max(width, height)
+    if short != resize:
+        new_long = int(resize * long / short)
+        image = image.resize((resize, new_long) if width <= height else (new_long, resize), Image.BICUBIC)
+        width, height = image.size
+    if (width, height) != (size, size):
+        top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
+        image = image.crop((left, top, left + size, top + size))
+    return _array(image)
 
 
 def eval_images(values, spec: ImageSpec) -> np.ndarray:
     """Resize the short side to spec.eval_resize and centre crop spec.image_size: (B, S, S, C) uint8."""
     out = np.empty((len(values), spec.image_size, spec.image_size, spec.in_chans), dtype=np.uint8)
     for i, value in enumerate(values):
-        image = to_pil(value, spec.mode)
-        if encoded_bytes(value) is not None and image.format == "JPEG":
-            image.draft(spec.mode, (spec.eval_resize, spec.eval_resize))
-        out[i] = _resize(image, spec.image_size, center_box(*image.size, spec.eval_resize, spec.image_size))
+        out[i] = center_crop_resize(to_pil(value, spec.mode), spec.eval_resize, spec.image_size)
     return out
 
 
@@ -149,7 +162,7 @@ def train_images(values, spec: ImageSpec, rng: np.random.Generator) -> np.ndarra
     images = [to_pil(value, spec.mode) for value in values]
     sizes = np.array([image.size for image in images])
     boxes = random_resized_boxes(rng, sizes, spec.crop_scale, spec.crop_ratio)
-    out = np.stack([_resize(image, spec.image_size, tuple(box)) for image, box in zip(images, boxes)])
+    out = np.stack([crop_resize(image, box, spec.image_size) for image, box in zip(images, boxes)])
     if spec.hflip:
         flip = rng.random(len(out)) < 0.5
         out[flip] = out[flip, :, ::-1]
@@ -159,55 +172,107 @@ def train_images(values, spec: ImageSpec, rng: np.random.Generator) -> np.ndarra
 
 
 def three_augment(images: np.ndarray, rng: np.random.Generator, jitter: float) -> np.ndarray:
-    """DeiT III 3-Augment on (B, H, W, C) uint8: each image gets one of grayscale, solarisation, Gaussian blur
-    (sigma in [0.1, 2]), then brightness/contrast/saturation jitter by factors in [1 - jitter, 1 + jitter]."""
+    """DeiT III 3-Augment after the crop and flip (deit augment.py:111-116) on (B, H, W, C) uint8: each image gets
+    one of grey scale, solarisation, Gaussian blur (sigma uniform in [0.1, 2]), chosen uniformly, then (jitter > 0)
+    brightness, contrast and saturation by factors uniform in [1 - jitter, 1 + jitter] in a random order per image,
+    as torchvision's ColorJitter(jitter, jitter, jitter) draws them."""
     import torch
 
     count = len(images)
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float()  # B, C, H, W in 0..255
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float()  # B, C, H, W in 0..255, whole levels throughout
     choice = rng.integers(0, 3, count)
-    gray = _gray(x)
-    x = torch.where(torch.from_numpy(choice == 0)[:, None, None, None], gray.expand_as(x), x)
+    x = torch.where(torch.from_numpy(choice == 0)[:, None, None, None], _gray(x).expand_as(x), x)
     solar = torch.from_numpy(choice == 1)[:, None, None, None]
-    x = torch.where(solar & (x >= 128), 255.0 - x, x)
+    x = torch.where(solar & (x >= 128), 255.0 - x, x)  # ImageOps.solarize: threshold 128
     blurred = torch.from_numpy(np.flatnonzero(choice == 2))
     if len(blurred):
         sigma = torch.from_numpy(rng.uniform(0.1, 2.0, len(blurred)))
         x[blurred] = gaussian_blur(x[blurred], sigma)
     if jitter > 0:
-        b, c, s = (torch.from_numpy(rng.uniform(1 - jitter, 1 + jitter, count)).float()[:, None, None, None] for _ in range(3))
-        x = (x * b).clamp(0, 255)
-        mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True)
-        x = ((x - mean) * c + mean).clamp(0, 255)
-        if x.shape[1] == 3:
-            g = _gray(x)
-            x = ((x - g) * s + g).clamp(0, 255)
-    return x.round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+        factors = rng.uniform(max(0.0, 1 - jitter), 1 + jitter, (count, 3))
+        order = rng.permuted(np.tile(np.arange(3), (count, 1)), axis=1)
+        x = _jitter(x, torch.from_numpy(factors).float(), torch.from_numpy(order))
+    return x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def color_jitter(images: np.ndarray, factors: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """torchvision's ColorJitter(b, c, s) on PIL images, with its random draws given: images (B, H, W, C) uint8;
+    factors (B, 3) for brightness, contrast, saturation; order (B, 3), each row a permutation of 0, 1, 2 (the
+    operations in the order applied). Returns (B, H, W, C) uint8."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
+    x = _jitter(x, torch.as_tensor(factors, dtype=torch.float32), torch.as_tensor(order))
+    return x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def _jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """x (B, C, H, W) float of whole levels; step k applies to each image the operation order[:, k] names."""
+    import torch
+
+    adjust = (_brightness, _contrast, _saturation)
+    for step in range(order.shape[1]):
+        for op, fn in enumerate(adjust):
+            rows = torch.nonzero(order[:, step] == op).flatten()
+            if len(rows):
+                x[rows] = fn(x[rows], factors[rows, op][:, None, None, None])
+    return x
+
+
+def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """Pillow's ImageEnhance: Image.blend(degenerate, image, factor) = degenerate + factor (image - degenerate) in
+    float32, clipped to 0..255 and truncated to uint8 (Blend.c:62, :73-80)."""
+    return (degenerate + factor * (x - degenerate)).clamp(0, 255).floor()
+
+
+def _brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return _blend(torch.zeros_like(x), x, factor)  # ImageEnhance.Brightness: a black image
+
+
+def _contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    # ImageEnhance.Contrast: a flat image at the mean grey level, rounded to a whole level (ImageEnhance.py:74)
+    mean = torch.floor(_gray(x).double().mean(dim=(1, 2, 3), keepdim=True) + 0.5).float()
+    return _blend(mean, x, factor)
+
+
+def _saturation(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    # ImageEnhance.Color: the grey image; a grey (L) image is its own grey image, left alone
+    return x if x.shape[1] == 1 else _blend(_gray(x), x, factor)
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
+    """PIL's RGB -> L on whole levels: (19595 R + 38470 G + 7471 B + 2^15) >> 16 (Pillow Convert.c:42), (B, 1, H, W)."""
+    import torch
+
     if x.shape[1] == 1:
         return x
-    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+    rgb = x.to(torch.int64)
+    return ((19595 * rgb[:, 0:1] + 38470 * rgb[:, 1:2] + 7471 * rgb[:, 2:3] + 0x8000) >> 16).to(x.dtype)
 
 
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """Separable Gaussian blur of (B, C, H, W) with one sigma per image, reflect padding, as one grouped conv."""
-    import torch
-    import torch.nn.functional as F
+    """Pillow's ImageFilter.GaussianBlur(radius=sigma), the call augment.py:38-42 makes, on each image of (B, C, H, W)
+    whole levels with its own sigma; whole levels again.
 
-    count, chans, height, width = x.shape
-    radius = int(min(math.ceil(3 * float(sigma.max())), (min(height, width) - 1)))
-    if radius < 1:
-        return x
-    offsets = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    kernel = torch.exp(-0.5 * (offsets[None, :] / sigma[:, None]) ** 2)
-    kernel = (kernel / kernel.sum(dim=1, keepdim=True)).float().repeat_interleave(chans, dim=0)  # B*C, K
-    flat = x.reshape(1, count * chans, height, width)
-    flat = F.pad(flat, (radius, radius, radius, radius), mode="reflect")
-    flat = F.conv2d(flat, kernel[:, None, None, :], groups=count * chans)
-    flat = F.conv2d(flat, kernel[:, None, :, None], groups=count * chans)
-    return flat.reshape(count, chans, height, width)
+    Pillow's radius is the standard deviation (ImageFilter.py:189); it approximates that Gaussian by three box blurs
+    per axis whose border repeats the edge pixel (BoxBlur.c:40-46, :236-332). Its C loop is also faster than a
+    convolution here, so the reference's call is made as it is."""
+    import torch
+
+    images = x.to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    out = np.empty_like(images)
+    for i, (image, s) in enumerate(zip(images, sigma.tolist())):
+        blur = ImageFilter.GaussianBlur(radius=s)
+        if image.shape[-1] == 3:
+            out[i] = np.asarray(Image.fromarray(image).filter(blur))
+        else:  # one band at a time (Pillow blurs every band alike)
+            for c in range(image.shape[-1]):
+                out[i, ..., c] = np.asarray(Image.fromarray(np.ascontiguousarray(image[..., c])).filter(blur))
+    return torch.from_numpy(out).permute(0, 3, 1, 2).to(x.dtype)
 
 
 def transform_batch(batch: dict, spec: ImageSpec, train: bool, seed: int = 0, epoch_clock=None) -> dict:
