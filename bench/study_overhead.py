@@ -132,7 +132,7 @@ def run_plain(args) -> dict:
                 if epoch == args.epochs:
                     geometry = GeometryAccumulator(out.tokens.shape[-1], num_classes=10)
                     geometry.update(out.tokens, labels=y[val], features=out.feature)
-                    geometry.finalize_means(model.classifier_weight)
+                    geometry.finalize_means(model.classifier_weight, model.classifier_bias)
                     geometry.update_nc4(out.feature)
                     geometry.compute(model.classifier_weight)
                     out = out.logits

@@ -10,7 +10,7 @@ over the sequences of class c, mu_global = mean of all tokens::
 
 and the three add up to the total variance mean_{b,t} ||X[b,t] - mu_global||^2.
 
-Neural collapse follows Papyan, Han & Donoho (2020) on the feature h that the classifier W (C x d) reads. The seed
+Neural collapse follows Papyan, Han & Donoho (2020) on the feature h that the classifier W h + b reads. The seed
 write-up (000, section 4.3) states NC1 as a cosine between class means and NC4 as "1 - NCC error"; we use the
 standard definitions instead:
 
@@ -19,7 +19,8 @@ standard definitions instead:
 - NC2 equinorm = std_c ||mu_c - mu_G|| / mean_c ||mu_c - mu_G||; NC2 equiangle = std over pairs c != c' of the cosine
   between centred class means (both population standard deviations, so two classes give equiangle 0);
 - NC3 = || W / ||W||_F - M / ||M||_F ||_F with M the centred class means as rows;
-- NC4 = fraction of samples where argmax_c (W h)_c (no bias) differs from the nearest class centre.
+- NC4 = fraction of samples where the classifier's decision argmax_c (W h + b)_c differs from the nearest class
+  centre (b: the classifier's bias, zero where it has none).
 
 Classes absent from the data have no mean: every statistic is taken over the classes present (C counts them, W is
 restricted to their rows for NC3), except the classifier's own prediction in NC4, which is its argmax over all rows.
@@ -33,7 +34,7 @@ Streaming in data-parallel workers (one accumulator per worker, seeds differing 
     acc = GeometryAccumulator(dim, num_classes=C, seed=seed + rank, device=device)
     for batch in shard: acc.update(out.tokens, labels=y, features=out.feature)
     acc.all_reduce_()                         # every worker now holds the statistics of all shards
-    acc.finalize_means(model.classifier_weight)
+    acc.finalize_means(model.classifier_weight, model.classifier_bias)
     for batch in shard: acc.update_nc4(out.feature)   # NC4 needs the final class centres: a second pass
     acc.all_reduce_()                         # sums the NC4 counts only
     metrics = acc.compute()
@@ -82,10 +83,15 @@ def variance_decomposition(tokens: torch.Tensor, labels: torch.Tensor) -> dict[s
 
 
 def neural_collapse(
-    features: torch.Tensor, labels: torch.Tensor, classifier_weight: torch.Tensor, num_classes: int | None = None
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    classifier_weight: torch.Tensor,
+    num_classes: int | None = None,
+    classifier_bias: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """NC1-NC4 of features (n, d) with integer labels (n,) read by a classifier of weight (C, d), by the standard
-    definitions (module docstring; not the seed's cosine NC1 and "1 - NCC error" NC4), over the classes present."""
+    """NC1-NC4 of features (n, d) with integer labels (n,) read by a classifier of weight (C, d) and bias (C,) (None:
+    none), by the standard definitions (module docstring; not the seed's cosine NC1 and "1 - NCC error" NC4), over
+    the classes present."""
     h = _float64(features)
     if h.ndim != 2 or labels.shape != h.shape[:1] or classifier_weight.shape[1:] != h.shape[1:]:
         raise ValueError(f"need features (n, d), labels (n,), classifier_weight (C, d); got {tuple(h.shape)}, "
@@ -93,6 +99,7 @@ def neural_collapse(
     weight = _float64(classifier_weight).to(h.device)
     if num_classes is not None and num_classes != weight.shape[0]:
         raise ValueError(f"num_classes={num_classes} but classifier_weight has {weight.shape[0]} rows")
+    bias = _classifier_bias(classifier_bias, weight)
     labels = labels.to(h.device)
     _check_labels(labels, weight.shape[0])
     present, y = torch.unique(labels, return_inverse=True)
@@ -102,7 +109,7 @@ def neural_collapse(
     deviations = h - means[y]
     metrics = _collapse_metrics(means, counts, deviations.T @ deviations, weight[present])
     global_mean = h.mean(dim=0)
-    mismatches = _classifier_centre_mismatches(h, weight, means, present, global_mean)
+    mismatches = _classifier_centre_mismatches(h, weight, bias, means, present, global_mean)
     metrics["nc4"] = mismatches.item() / len(h)
     return metrics
 
@@ -208,11 +215,23 @@ def _nc1(sigma_w: torch.Tensor, centred_means: torch.Tensor) -> float:
     return (torch.trace(sigma_w @ torch.linalg.pinv(sigma_b, rtol=PINV_RTOL, hermitian=True)) / num_groups).item()
 
 
+def _classifier_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+    """The classifier's bias as float64 (C,) beside its weight (C, d) (zeros: a classifier without one)."""
+    if bias is None:
+        return torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device)
+    bias = bias.detach().to(device=weight.device, dtype=torch.float64)
+    if bias.shape != weight.shape[:1]:
+        raise ValueError(f"classifier_bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    return bias
+
+
 def _classifier_centre_mismatches(
-    h: torch.Tensor, weight: torch.Tensor, centres: torch.Tensor, centre_classes: torch.Tensor, origin: torch.Tensor
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, centres: torch.Tensor, centre_classes: torch.Tensor,
+    origin: torch.Tensor,
 ) -> torch.Tensor:
-    """How many rows of h the classifier's argmax assigns to another class than the nearest centre does."""
-    classifier = (h @ weight.T).argmax(dim=1)
+    """How many rows of h the classifier's decision argmax (W h + b) assigns to another class than the nearest
+    centre does."""
+    classifier = (h @ weight.T + bias).argmax(dim=1)
     # Distances are translation invariant: measure them from the feature mean so the expansion loses no digits.
     h0, c0 = h - origin, centres - origin
     squared_distances = _squared_norms(c0)[None, :] - 2 * h0 @ c0.T
@@ -478,6 +497,7 @@ class GeometryAccumulator:
             self.targets = _GroupMoments(len(self.target_ids), dim, with_scatter=True, device=device)
         self.reservoir = _TokenReservoir(reservoir_size, dim, seed, device)
         self.classifier_weight = None  # set by finalize_means: the second (NC4) pass has begun
+        self.classifier_bias = None  # set with it (zeros for a classifier without one)
         self.nc4_counts = torch.zeros(2, dtype=torch.float64, device=device)  # disagreements, samples
         self._reduced_pass = None  # "statistics" or "nc4" once that pass was all-reduced
 
@@ -532,19 +552,21 @@ class GeometryAccumulator:
         """True while NC4 is still to be counted: features were accumulated and finalize_means() not yet called."""
         return self.features is not None and bool(self.features.count.sum() > 0) and self.classifier_weight is None
 
-    def finalize_means(self, classifier_weight: torch.Tensor) -> None:
-        """Freeze the first-pass statistics (all-reduced first, in data-parallel runs) and start the NC4 pass."""
+    def finalize_means(self, classifier_weight: torch.Tensor, classifier_bias: torch.Tensor | None = None) -> None:
+        """Freeze the first-pass statistics (all-reduced first, in data-parallel runs) and start the NC4 pass, which
+        compares the decisions of the classifier W h + b (``classifier_bias`` None: b = 0) with the class centres."""
         if self.features is None or not self.features.count.sum() > 0:
             raise ValueError("finalize_means() needs features: pass update(features=..., labels=...) first")
         weight = classifier_weight.detach().to(device=self.device, dtype=torch.float64)
         expected = (self.num_classes, self.features.shift.shape[1])
         if tuple(weight.shape) != expected:
             raise ValueError(f"classifier_weight must have shape {expected}, got {tuple(weight.shape)}")
+        self.classifier_bias = _classifier_bias(classifier_bias, weight)
         self.classifier_weight = weight
         self._reduced_pass = None
 
     def update_nc4(self, features: torch.Tensor) -> None:
-        """Second pass: count where the classifier's argmax and the nearest class centre disagree."""
+        """Second pass: count where the classifier's decision and the nearest class centre disagree."""
         if self.classifier_weight is None:
             raise RuntimeError("update_nc4() before finalize_means()")
         if self._reduced_pass == "nc4":
@@ -552,7 +574,7 @@ class GeometryAccumulator:
         h = self._features(features, len(features))
         centres = self.features.means()
         mismatches = _classifier_centre_mismatches(
-            h, self.classifier_weight, centres, self._present_classes(), self._feature_mean()
+            h, self.classifier_weight, self.classifier_bias, centres, self._present_classes(), self._feature_mean()
         )
         self.nc4_counts += torch.stack([mismatches.to(torch.float64), torch.tensor(float(len(h)), device=h.device)])
 
@@ -652,6 +674,7 @@ class GeometryAccumulator:
         })
         if self.classifier_weight is not None:
             state["classifier_weight"] = self.classifier_weight
+            state["classifier_bias"] = self.classifier_bias
             state["nc4_counts"] = self.nc4_counts
         return {name: tensor.detach().clone() for name, tensor in state.items()}
 
@@ -681,6 +704,7 @@ class GeometryAccumulator:
         acc.reservoir.generator.set_state(state["reservoir.generator"].cpu())
         if "classifier_weight" in state:
             acc.classifier_weight = state["classifier_weight"].to(device).clone()
+            acc.classifier_bias = _classifier_bias(state.get("classifier_bias"), acc.classifier_weight)
             acc.nc4_counts = state["nc4_counts"].to(device).clone()
         return acc
 

@@ -65,6 +65,10 @@ class GPT(MixerModel):
     def classifier_weight(self) -> torch.Tensor:
         return self.lm_head.weight
 
+    @property
+    def classifier_bias(self) -> torch.Tensor | None:
+        return self.lm_head.bias  # None: the output head has no bias
+
 
 def _init_weights(module: nn.Module) -> None:
     if isinstance(module, nn.Linear | nn.Embedding):

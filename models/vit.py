@@ -83,6 +83,10 @@ class ViT(MixerModel):
     def classifier_weight(self) -> torch.Tensor:
         return self.head.weight
 
+    @property
+    def classifier_bias(self) -> torch.Tensor:
+        return self.head.bias
+
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
 

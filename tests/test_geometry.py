@@ -184,8 +184,8 @@ def random_classification(seed=0):
     return x, features, weight - weight.mean(dim=1, keepdim=True)
 
 
-def run_nc4_pass(acc, features, weight, sizes=(3,)):
-    acc.finalize_means(weight)
+def run_nc4_pass(acc, features, weight, sizes=(3,), bias=None):
+    acc.finalize_means(weight, bias)
     for s in batches(len(features), sizes):
         acc.update_nc4(features[s])
     return acc
@@ -239,6 +239,66 @@ def test_neural_collapse_streaming_agrees_with_one_shot():
     merged = streamed(x[:3], LABELS[:3], features[:3], num_classes=NUM_CLASSES, seed=1)
     merged.merge(streamed(x[3:], LABELS[3:], features[3:], num_classes=NUM_CLASSES, seed=2))
     assert_metrics_close(run_nc4_pass(merged, features, weight, sizes=(4,)).compute(), expected)
+
+
+def deciding_bias(features, weight, seed=0):
+    """A classifier bias (C,) that changes the decision argmax(W h + b) of some features but not all."""
+    g = torch.Generator().manual_seed(seed)
+    logits = features @ weight.T
+    bias = 0.6 * logits.std() * torch.randn(weight.shape[0], generator=g, dtype=torch.float64)
+    flipped = (logits + bias).argmax(dim=1) != logits.argmax(dim=1)
+    assert flipped.any() and not flipped.all()
+    return bias
+
+
+def test_nc4_compares_the_decisions_of_the_classifier_with_its_bias():
+    # NC4 (Papyan, Han and Donoho): the share of samples where the network's classifier, W h + b, decides otherwise
+    # than the nearest class centre. Written out with loops over classes and samples.
+    _, features, weight = random_classification()
+    bias = deciding_bias(features, weight)
+    h, w, b = features.numpy(), weight.numpy(), bias.numpy()
+    present = sorted(set(LABELS.tolist()))
+    mean = {c: h[LABELS.numpy() == c].mean(axis=0) for c in present}
+    nearest = [min(present, key=lambda c: np.linalg.norm(h[i] - mean[c])) for i in range(len(h))]
+    with_bias = [max(range(NUM_CLASSES), key=lambda c: w[c] @ h[i] + b[c]) for i in range(len(h))]
+    without = [max(range(NUM_CLASSES), key=lambda c: w[c] @ h[i]) for i in range(len(h))]
+    expected = np.mean([d != n for d, n in zip(with_bias, nearest)])
+    assert expected != np.mean([d != n for d, n in zip(without, nearest)])  # the bias matters to NC4 here
+
+    got = neural_collapse(features, LABELS, weight, classifier_bias=bias)
+    assert got["nc4"] == expected
+    assert neural_collapse(features, LABELS, weight)["nc4"] == np.mean([d != n for d, n in zip(without, nearest)])
+    no_nc4 = {k: v for k, v in got.items() if k != "nc4"}
+    assert no_nc4 == {k: v for k, v in neural_collapse(features, LABELS, weight).items() if k != "nc4"}
+    with pytest.raises(ValueError, match="classifier_bias must have shape"):
+        neural_collapse(features, LABELS, weight, classifier_bias=bias[:-1])
+
+
+def test_nc4_with_a_bias_streams_merges_and_ships_as_the_one_shot_function():
+    x, features, weight = random_classification()
+    bias = deciding_bias(features, weight)
+    expected = neural_collapse(features, LABELS, weight, num_classes=NUM_CLASSES, classifier_bias=bias)
+    assert expected["nc4"] != neural_collapse(features, LABELS, weight)["nc4"]
+
+    acc = run_nc4_pass(streamed(x, LABELS, features, sizes=(2, 1, 4), num_classes=NUM_CLASSES), features, weight,
+                       bias=bias)
+    got = acc.compute()
+    assert got["nc4"] == expected["nc4"]  # a count over the same samples: exactly equal
+    assert_metrics_close(got, expected)
+    # shipped to another process between finalize_means and the counting: the classifier travels with it
+    started = streamed(x, LABELS, features, num_classes=NUM_CLASSES)
+    started.finalize_means(weight, bias)
+    shipped = GeometryAccumulator.from_state_dict(started.state_dict())
+    shipped.update_nc4(features)
+    assert shipped.compute()["nc4"] == expected["nc4"]
+
+    # two workers: the first pass merged, then each counts its own shard against the merged centres
+    first = streamed(x[:3], LABELS[:3], features[:3], num_classes=NUM_CLASSES, seed=1)
+    first.merge(streamed(x[3:], LABELS[3:], features[3:], num_classes=NUM_CLASSES, seed=2))
+    second = GeometryAccumulator.from_state_dict(first.state_dict())
+    run_nc4_pass(first, features[:3], weight, bias=bias)
+    run_nc4_pass(second, features[3:], weight, bias=bias)
+    assert first.merge(second).compute()["nc4"] == expected["nc4"]
 
 
 def test_nc4_pass_refuses_mismatched_use():

@@ -48,7 +48,7 @@ class Classification(Task):
     def finish_geometry(self, accumulator):
         weight = self.model.classifier_weight
         accumulator.all_reduce_()
-        accumulator.finalize_means(weight)
+        accumulator.finalize_means(weight, self.model.classifier_bias)  # NC4: the network's own decisions
         for features in self._features:
             accumulator.update_nc4(features)
         accumulator.all_reduce_()
