@@ -259,8 +259,8 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     whole levels with its own sigma; whole levels again.
 
     Pillow's radius is the standard deviation (ImageFilter.py:189); it approximates that Gaussian by three box blurs
-    per axis whose border repeats the edge pixel (BoxBlur.c:40-46, :236-332). Its C loop is also faster than a
-    convolution here, so the reference's call is made as it is."""
+    per axis whose border repeats the edge pixel, rounding to whole levels after each (BoxBlur.c:40-46, :236-332).
+    The reference's call is made as it is: a convolution reproducing all of that exactly is slower than Pillow."""
     import torch
 
     images = x.to(torch.uint8).permute(0, 2, 3, 1).numpy()
