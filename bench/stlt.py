@@ -3,18 +3,19 @@
 Forward + backward of the core op (gradients for x, sigma, omega, T, C and the mask), measured side by side in one
 run; prints one JSON object.
 
-CPU (default; D = 256, S = 32, B = 1, bilateral with one mask per sequence, the ViT case):
+CPU (default; D = 256, S = 32, B = 1; "bilateral" is the ViT case, one mask per sequence, "causal" the GPT's, a
+mask per position from the prefix-pooled gate). Every figure is a median over ``--repeats`` interleaved rounds, with
+its range; a ratio of two cases is the ratio of their medians, with the range of the per-round ratios. The torch
+path takes the algorithm measured fastest at each length (models/stlt/op.py FASTEST_FROM_N; ``torch_algorithms``
+says which ran); ``--calibrate`` remeasures that table.
 - ``speedup_vs_loop_4096``: the write-up's per-token ``bilateral_scan`` loop (seed 003; its in-place writes replaced
   by a list and one stack, which only helps it: autograd of ``buf[:, n] = state`` copies the whole buffer at every
   step) over the torch path at N = 4096. Target >= 100.
-- ``scaling_16384_over_4096``: t(16384) / t(4096) of the torch path. Target <= 4.4 (linear: 4). The torch path
-  picks its algorithm by length (models/stlt/op.py, ``torch_algorithms`` in the report says which ran): with one mask
-  per sequence the FFT convolution at 4096 (N log N alone would give 4.6 to 16384, before cache misses) and the
-  chunked scan at 16384 (linear, but it pays O(S) per position for the carry, so it only overtakes near 8k).
-- ``crossover_n``: the smallest N from which the torch path beats SDPA attention (4 heads of 64, no mask) at every
-  measured N. Target <= 2048.
-  The per-position-mask path (the causal GPT case) is timed alongside for the same ratios, against causal SDPA.
-
+- ``scaling_16384_over_4096`` and ``_causal``: t(16384) / t(4096). Target <= 4.4 (linear: 4; N log N alone gives
+  4.6, so at 16k the path must be linear and no slower per position than the FFT convolution at 4k).
+- ``causal_over_bilateral_4096``: the causal path over the bilateral one at N = 4096. Target <= 2.
+- ``crossover_n`` and ``_causal``: the smallest N from which the torch path beats SDPA attention (4 heads of 64; no
+  mask, or causal) at every measured N. Target <= 2048.
 On a shared machine, ``--threads 1`` keeps other processes from stalling intra-op thread hand-offs.
 
 CUDA (``--device cuda``; B = 4, D = 1024, S = 32): the Triton kernels against SDPA (16 heads of 64, bf16 and fp32)
@@ -104,8 +105,8 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def interleaved_medians(cases: dict, device: str, repeats: int) -> dict[str, float]:
-    """Median seconds per call of each case, run round-robin so drifts in machine load hit all alike."""
+def interleaved_samples(cases: dict, device: str, repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each case, `repeats` rounds run round-robin so drifts in machine load hit all alike."""
     for fn in cases.values():
         fn()
     samples = {name: [] for name in cases}
@@ -116,55 +117,139 @@ def interleaved_medians(cases: dict, device: str, repeats: int) -> dict[str, flo
             fn()
             sync(device)
             samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return samples
+
+
+def interleaved_medians(cases: dict, device: str, repeats: int) -> dict[str, float]:
+    return {name: statistics.median(v) for name, v in interleaved_samples(cases, device, repeats).items()}
+
+
+def spread(values: list[float], digits: int = 5) -> dict:
+    """Median and range of repeated measurements."""
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
+
+
+def ratio(samples: dict, top: str, bottom: str) -> dict:
+    """samples[top] / samples[bottom]: the ratio of medians, and the range of the per-round ratios (each round runs
+    both cases back to back, so a round's ratio sees one machine state)."""
+    rounds = [a / b for a, b in zip(samples[top], samples[bottom])]
+    return {"value": round(statistics.median(samples[top]) / statistics.median(samples[bottom]), 2),
+            "rounds_min": round(min(rounds), 2), "rounds_max": round(max(rounds), 2)}
+
+
+def target(measured: dict, text: str, met: bool) -> dict:
+    return {**measured, "target": text, "met": met}
 
 
 def cpu_report(repeats: int) -> dict:
     D, B = 256, 1
-    report = {"device": "cpu", "threads": torch.get_num_threads(), "D": D, "S": S_NODES, "B": B}
+    report = {"device": "cpu", "threads": torch.get_num_threads(), "D": D, "S": S_NODES, "B": B,
+              "repeats": repeats}
+    report["torch_algorithms"] = {f"{kind}_{n}": op.torch_algorithm(n, per_position=kind == "causal",
+                                                                     causal=kind == "causal")
+                                  for kind in ("bilateral", "causal") for n in (4096, 16384)}
     # Each comparison interleaves only its own cases: a huge case between two small ones evicts their caches and
     # returns their pages, which would bill the small ones for the big one.
     loop_run, fast_run = write_up_loop_case(B, 4096, D), stlt_case(B, 4096, D, "cpu", causal=False)
     write_up_loop_case(B, 64, D)()  # warm-up of the loop's ops
-    loop = interleaved_medians({"write_up_loop_4096": loop_run, "torch_4096": fast_run}, "cpu", 2)
-    fast = interleaved_medians({"torch_4096": fast_run, "torch_4096_again": fast_run}, "cpu", repeats)
-    bilateral = interleaved_medians({n: stlt_case(B, n, D, "cpu", causal=False) for n in (4096, 16384)}, "cpu", repeats)
-    causal = interleaved_medians({n: stlt_case(B, n, D, "cpu", causal=True) for n in (4096, 16384)}, "cpu", repeats)
+    loop = interleaved_samples({"write_up_loop_4096": loop_run, "torch_4096": fast_run}, "cpu", 2)
+    at_4096 = interleaved_samples({"bilateral": fast_run, "causal": stlt_case(B, 4096, D, "cpu", causal=True)},
+                                  "cpu", repeats)
+    bilateral = interleaved_samples({n: stlt_case(B, n, D, "cpu", causal=False) for n in (4096, 16384)}, "cpu",
+                                    repeats)
+    causal = interleaved_samples({n: stlt_case(B, n, D, "cpu", causal=True) for n in (4096, 16384)}, "cpu", repeats)
     report["seconds"] = {
-        "write_up_loop_4096": round(loop["write_up_loop_4096"], 4),
-        "torch_bilateral_4096": round(fast["torch_4096"], 5),
-        "torch_bilateral_16384": round(bilateral[16384], 5),
-        "torch_causal_4096": round(causal[4096], 5),
-        "torch_causal_16384": round(causal[16384], 5),
+        "write_up_loop_4096": spread(loop["write_up_loop_4096"], 4),
+        "torch_bilateral_4096": spread(at_4096["bilateral"]),
+        "torch_causal_4096": spread(at_4096["causal"]),
+        "torch_bilateral_16384": spread(bilateral[16384]),
+        "torch_causal_16384": spread(causal[16384]),
     }
-    report["torch_algorithms"] = {f"{kind}_{n}": op.torch_algorithm(n, per_position=kind == "causal").__name__
-                                  for kind in ("bilateral", "causal") for n in (4096, 16384)}
-    report["speedup_vs_loop_4096"] = round(loop["write_up_loop_4096"] / fast["torch_4096"], 1)
-    report["speedup_vs_loop_4096_causal_path"] = round(loop["write_up_loop_4096"] / causal[4096], 1)
-    report["scaling_16384_over_4096"] = round(bilateral[16384] / bilateral[4096], 2)
-    report["scaling_16384_over_4096_causal_path"] = round(causal[16384] / causal[4096], 2)
+    vs_loop = ratio(loop, "write_up_loop_4096", "torch_4096")
+    scaling, scaling_causal = ratio(bilateral, 16384, 4096), ratio(causal, 16384, 4096)
+    causal_over_bilateral = ratio(at_4096, "causal", "bilateral")
 
     crossover = {}
     for n in (256, 512, 1024, 2048, 4096):
-        t = interleaved_medians({"stlt": stlt_case(B, n, D, "cpu", causal=False),
+        t = interleaved_samples({"stlt": stlt_case(B, n, D, "cpu", causal=False),
                                  "sdpa": sdpa_case(B, n, D, 4, "cpu"),
                                  "stlt_causal": stlt_case(B, n, D, "cpu", causal=True),
                                  "sdpa_causal": sdpa_case(B, n, D, 4, "cpu", causal=True)}, "cpu", repeats)
-        crossover[n] = {name: round(v, 5) for name, v in t.items()}
-    report["vs_sdpa_seconds"] = {str(n): v for n, v in crossover.items()}
-    for key, name, rival in (("crossover_n", "stlt", "sdpa"), ("crossover_n_causal_path", "stlt_causal", "sdpa_causal")):
-        faster = [n for n, v in crossover.items() if v[name] < v[rival]]
-        # The smallest N from which STLT wins at every larger measured N (None if it never does).
-        report[key] = next((n for n in crossover if all(m in faster for m in crossover if m >= n)), None)
+        crossover[n] = t
+    report["vs_sdpa_seconds"] = {str(n): {name: spread(v) for name, v in t.items()} for n, t in crossover.items()}
+    crossovers = {}
+    for key, name, rival in (("bilateral", "stlt", "sdpa"), ("causal", "stlt_causal", "sdpa_causal")):
+        faster = [n for n, t in crossover.items() if statistics.median(t[name]) < statistics.median(t[rival])]
+        # The smallest N from which STLT wins at every larger measured N (None if it never does), and the range of
+        # the per-round ratios STLT / SDPA there.
+        first = next((n for n in crossover if all(m in faster for m in crossover if m >= n)), None)
+        crossovers[key] = {"value": first,
+                           "stlt_over_sdpa": ratio(crossover[first], name, rival) if first else None}
     report["targets"] = {
-        "speedup_vs_loop_4096": {"value": report["speedup_vs_loop_4096"], "target": ">= 100",
-                                 "met": report["speedup_vs_loop_4096"] >= 100},
-        "scaling_16384_over_4096": {"value": report["scaling_16384_over_4096"], "target": "<= 4.4",
-                                    "met": report["scaling_16384_over_4096"] <= 4.4},
-        "crossover_n": {"value": report["crossover_n"], "target": "<= 2048",
-                        "met": report["crossover_n"] is not None and report["crossover_n"] <= 2048},
+        "speedup_vs_loop_4096": target(vs_loop, ">= 100", vs_loop["value"] >= 100),
+        "scaling_16384_over_4096": target(scaling, "<= 4.4", scaling["value"] <= 4.4),
+        "scaling_16384_over_4096_causal": target(scaling_causal, "<= 4.4", scaling_causal["value"] <= 4.4),
+        "causal_over_bilateral_4096": target(causal_over_bilateral, "<= 2", causal_over_bilateral["value"] <= 2),
+        **{name: target(crossovers[kind], "<= 2048", crossovers[kind]["value"] is not None
+                        and crossovers[kind]["value"] <= 2048)
+           for name, kind in (("crossover_n", "bilateral"), ("crossover_n_causal", "causal"))},
     }
     return report
+
+
+CALIBRATION_N = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def calibrate(repeats: int) -> dict:
+    """Every torch algorithm at CALIBRATION_N, per mask kind and direction (B = 1, D = 256, S = 32), and the table of
+    where each is fastest (models/stlt/op.py FASTEST_FROM_N). An algorithm more than 4x slower than the fastest at one
+    length is not timed at longer ones (the per-node FFT convolution would take minutes at 16k)."""
+    D, B = 256, 1
+    seconds, table = {}, {}
+    for mask_kind in ("sequence", "position"):
+        for direction in ("bilateral", "causal"):
+            key = f"{mask_kind}_{direction}"
+            candidates, rows = list(op.TORCH_ALGORITHMS), {}
+            for n in CALIBRATION_N:
+                inputs = make_stlt_inputs(B, n, D, "cpu", per_position=mask_kind == "position")
+                cases = {name: _algorithm_case(op.TORCH_ALGORITHMS[name], inputs, direction == "causal")
+                         for name in candidates}
+                medians = interleaved_medians(cases, "cpu", repeats)
+                rows[n] = {name: round(t, 6) for name, t in medians.items()}
+                best = min(medians.values())
+                candidates = [name for name in candidates if medians[name] <= 4 * best]
+            seconds[key] = {str(n): row for n, row in rows.items()}
+            table[mask_kind, direction] = fastest_from_n(rows)
+    return {"seconds": seconds,
+            "FASTEST_FROM_N": {f"{kind}, {direction}": entries for (kind, direction), entries in table.items()}}
+
+
+# How much faster (median over median) another algorithm must be to take over from the one chosen at shorter
+# lengths: differences within the machine's noise would otherwise flip the choice back and forth.
+SWITCH_MARGIN = 1.1
+
+
+def fastest_from_n(rows: dict[int, dict[str, float]]) -> tuple:
+    """(from N, algorithm) pairs from median seconds per measured N: the fastest at the shortest length, then another
+    wherever it is SWITCH_MARGIN times faster than the current one, from the geometric midpoint between that length
+    and the one before."""
+    lengths = sorted(rows)
+    entries = [(1, min(rows[lengths[0]], key=rows[lengths[0]].get))]
+    for previous, n in zip(lengths, lengths[1:]):
+        current, fastest = entries[-1][1], min(rows[n], key=rows[n].get)
+        if current not in rows[n] or rows[n][current] > SWITCH_MARGIN * rows[n][fastest]:
+            if fastest != current:
+                entries.append((math.ceil(math.sqrt(previous * n)), fastest))
+    return tuple(entries)
+
+
+def _algorithm_case(fn, inputs, causal: bool):
+    def run():
+        y = fn(*inputs, causal=causal)
+        torch.autograd.grad(y.sum(), inputs)
+
+    return run
 
 
 # Dense peaks of GPUs we expect to meet: (fp32 FLOP/s without tensor cores, bf16 tensor-core FLOP/s, HBM bytes/s).
@@ -236,10 +321,15 @@ def main():
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="time every torch algorithm by length and print the table of models/stlt/op.py")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = cuda_report(args.repeats) if args.device == "cuda" else cpu_report(args.repeats)
+    if args.calibrate:
+        report = calibrate(args.repeats)
+    else:
+        report = cuda_report(args.repeats) if args.device == "cuda" else cpu_report(args.repeats)
     print(json.dumps(report, indent=2))
 
 

@@ -1,6 +1,7 @@
-"""The functional STLT op: the reference against the design's recurrences, gradcheck, both algorithms of the torch
-backend (the FFT convolution and the chunked scan) against the reference forward and backward, their memory audit,
-the choice between them, and input errors (Triton backend: tests/test_stlt_triton.py)."""
+"""The functional STLT op: the reference against the design's recurrences, gradcheck, the algorithms of the torch
+backend (the FFT convolution, the chunked scan, the mix in matrix products) against the reference forward and
+backward, their memory audit, the measured choice between them, and input errors (Triton backend:
+tests/test_stlt_triton.py)."""
 
 from functools import partial
 
@@ -9,19 +10,23 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from models.stlt import fftconv, op, stlt_mix
+from models.stlt import fftconv, matmul, op, stlt_mix
 from models.stlt.chunked import stlt_mix_chunked
 from models.stlt.fftconv import stlt_mix_fft
+from models.stlt.matmul import stlt_mix_matmul
 from tests.stlt_fixtures import make_inputs, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# The torch backend's two algorithms, called directly so that each meets every case whatever the length thresholds;
-# the chunked scan in chunks of 4, so that short test sequences cross many chunk borders and end in a partial chunk.
+# The torch backend's algorithms, called directly so that each meets every case whatever the measured choice; the
+# chunked ones in chunks of 4, so that short test sequences cross many chunk borders and end in a partial chunk, and
+# the matrix-product mix also in its default chunks (16: the last one partial, or the whole of a short sequence).
 TORCH_ALGORITHMS = {
     "fft": stlt_mix_fft,
     "chunked": lambda *args, **kwargs: stlt_mix_chunked(*args, chunk=4, **kwargs),
+    "matmul": lambda *args, **kwargs: stlt_mix_matmul(*args, chunk=4, **kwargs),
+    "matmul_default_chunk": stlt_mix_matmul,
 }
 
 
@@ -83,34 +88,55 @@ def test_torch_algorithms_match_reference_forward_and_backward(algorithm, causal
         torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
 
 
+@pytest.mark.parametrize("algorithm", ["fft", "chunked", "matmul"])
 @pytest.mark.parametrize("per_position", [False, True])
-def test_torch_backend_float32_stays_close_to_float64(per_position, monkeypatch):
-    """300 positions: the FFT convolution with one mask per sequence, the chunked scan (64-position chunks, the last
-    one partial) with per-position masks; a lower threshold also sends the first case through the chunked scan."""
+def test_torch_algorithms_in_float32_stay_close_to_float64(algorithm, per_position):
+    """300 positions in each algorithm's default chunks (the chunked ones end in a partial chunk)."""
     inputs = make_inputs(2, 300, 8, 6, per_position=per_position)
     y64 = stlt_mix(*inputs, causal=True, backend="reference")
     inputs32 = [t.detach().to(torch.complex64 if t.is_complex() else torch.float32) for t in inputs]
-    outputs = [stlt_mix(*inputs32, causal=True)]
-    if not per_position:
-        monkeypatch.setattr(op, "CHUNKED_FROM_N_PER_SEQUENCE_MASK", 100)
-        monkeypatch.setattr("models.stlt.chunked.CHUNK_PER_SEQUENCE", 64)
-        outputs.append(stlt_mix(*inputs32, causal=True))
-    for y32 in outputs:
-        assert y32.dtype == torch.float32
-        torch.testing.assert_close(y32.double(), y64, rtol=1e-4, atol=1e-4 * y64.abs().max().item())
+    y32 = op.TORCH_ALGORITHMS[algorithm](*inputs32, causal=True)
+    assert y32.dtype == torch.float32
+    torch.testing.assert_close(y32.double(), y64, rtol=1e-4, atol=1e-4 * y64.abs().max().item())
 
 
 @pytest.mark.parametrize("per_position", [False, True])
-def test_torch_backend_picks_its_algorithm_by_length(per_position, monkeypatch):
-    threshold = op.CHUNKED_FROM_N_PER_POSITION_MASK if per_position else op.CHUNKED_FROM_N_PER_SEQUENCE_MASK
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_backend_takes_the_measured_fastest_algorithm(per_position, causal, monkeypatch):
+    """The table of measured winners decides, per mask kind and direction, from each entry's first length on."""
+    key = ("position" if per_position else "sequence", "causal" if causal else "bilateral")
+    monkeypatch.setitem(op.FASTEST_FROM_N, key, ((1, "matmul"), (5, "fft"), (9, "chunked")))
     called = []
-    for name in ("stlt_mix_fft", "stlt_mix_chunked"):
-        # Stand-ins that only record the call: the thresholds are thousands of positions long.
-        monkeypatch.setattr(op, name, lambda x, *args, name=name, **kwargs: called.append(name) or torch.zeros_like(x))
-    for N in (threshold - 1, threshold):
+    for name in op.TORCH_ALGORITHMS:
+        # Stand-ins that only record the call and the arguments they were given.
+        monkeypatch.setitem(op.TORCH_ALGORITHMS, name, lambda x, *args, name=name, **kwargs:
+                            called.append((name, kwargs["causal"], args[-1].dim() == 3)) or torch.zeros_like(x))
+    for N in (1, 4, 5, 8, 9, 100):
         inputs = [t.detach() for t in make_inputs(1, N, 2, 2, per_position=per_position)]
-        stlt_mix(*inputs, backend="torch")
-    assert called == ["stlt_mix_fft", "stlt_mix_chunked"]
+        stlt_mix(*inputs, causal=causal, backend="torch")
+    names = ["matmul", "matmul", "fft", "fft", "chunked", "chunked"]
+    assert called == [(name, causal, per_position) for name in names]
+
+
+def test_measured_table_covers_every_case_from_one_position():
+    assert set(op.FASTEST_FROM_N) == {(kind, direction) for kind in ("sequence", "position")
+                                      for direction in ("bilateral", "causal")}
+    for entries in op.FASTEST_FROM_N.values():
+        starts = [start for start, _ in entries]
+        assert starts[0] == 1 and starts == sorted(set(starts))
+        assert all(name in op.TORCH_ALGORITHMS for _, name in entries)
+
+
+def test_calibration_puts_boundaries_between_the_measured_winners():
+    from bench.stlt import fastest_from_n
+
+    rows = {64: {"fft": 1.0, "matmul": 2.0}, 256: {"fft": 1.0, "matmul": 0.5}, 1024: {"fft": 3.0, "matmul": 1.0},
+            4096: {"fft": 2.0, "matmul": 3.0}}
+    assert fastest_from_n(rows) == ((1, "fft"), (128, "matmul"), (2048, "fft"))
+    assert fastest_from_n({64: {"chunked": 1.0}}) == ((1, "chunked"),)
+    # A lead within the margin of noise does not switch; an algorithm no longer timed (too slow) does.
+    assert fastest_from_n({64: {"fft": 1.0, "chunked": 1.05}, 256: {"fft": 1.0, "chunked": 0.95}}) == ((1, "fft"),)
+    assert fastest_from_n({64: {"fft": 1.0, "chunked": 1.5}, 256: {"chunked": 2.0}}) == ((1, "fft"), (128, "chunked"))
 
 
 def test_auto_backend_on_cpu_is_the_torch_path():
@@ -140,7 +166,8 @@ def test_torch_algorithms_never_materialise_B_N_S_D(causal, per_position):
     inputs = make_inputs(B, N, D, S, per_position=per_position)
     limit = B * N * S * D * inputs[0].element_size()
     chunked = partial(stlt_mix_chunked, chunk=64)  # 8 chunks, each direction carried across 7 borders
-    for fn, should_fit in ((stlt_mix_fft, True), (chunked, True), (partial(stlt_mix, backend="reference"), False)):
+    fits = (stlt_mix_fft, chunked, stlt_mix_matmul)  # the matrix products in 32 chunks of 16
+    for fn, should_fit in [(fn, True) for fn in fits] + [(partial(stlt_mix, backend="reference"), False)]:
         with ByteAudit() as audit:
             y = fn(*inputs, causal=causal)
             torch.autograd.grad(y, inputs, torch.ones_like(y))
@@ -152,10 +179,13 @@ def test_torch_algorithms_never_materialise_B_N_S_D(causal, per_position):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("per_position", [False, True])
 def test_torch_algorithms_in_channel_blocks_and_node_groups(algorithm, causal, per_position, monkeypatch):
-    """Cache budgets small enough to split 10 channels in blocks of 8 (one partial) and 23 nodes in groups of 3."""
+    """Cache budgets small enough to split 10 channels in blocks of 8 (one partial) and 23 nodes in groups of 3 (the
+    FFT convolutions), and chunks in groups of 3 and 2 (the matrix products: lags, and states across chunks)."""
     monkeypatch.setattr(fftconv, "CHANNEL_BLOCK_NUMBERS", 1)
     monkeypatch.setattr(fftconv, "NODE_GROUP_NUMBERS", 2 * 8 * 32 * 3)
     assert fftconv.channel_block(2, 10, 32) == 8 and fftconv.node_group_size(2, 23, 10, 8, 32) == 3
+    monkeypatch.setattr(matmul, "GROUP_NUMBERS", 3 * 4 * 10)  # 3 chunks of 4 positions by 10 channels
+    monkeypatch.setattr(matmul, "CARRY_GROUP_NUMBERS", 2 * 2 * 10 * 23)  # 2 chunks of B = 2 by 10 channels by 23 nodes
     inputs = make_inputs(2, 13, 10, 23, per_position=per_position, seed=11)
     grad_out = torch.randn(2, 13, 10, dtype=torch.float64)
     y_ref, g_ref = mix_and_grads(inputs, grad_out, causal=causal, backend="reference")

@@ -1,7 +1,8 @@
 """STLT: the adaptive bilateral short-time Laplace transform token mixer (docs/stlt.md).
 
-- `stlt_mix`: the functional op, with backends "reference" (naive.py, the definition), "torch" (fftconv.py, and
-  chunked.py for long sequences), "triton" (triton_op.py + triton_kernels.py, fused kernels) and "auto".
+- `stlt_mix`: the functional op, with backends "reference" (naive.py, the definition), "torch" (the fastest of
+  fftconv.py, chunked.py and matmul.py as measured at each length), "triton" (triton_op.py + triton_kernels.py, fused
+  kernels) and "auto".
 - `STLTMixer`: the token-mixer module (mixer.py); `STLTConfig` / `stlt_config`: its flat-config keys (config.py).
 """
 

@@ -8,18 +8,24 @@ import torch
 
 from models.stlt.chunked import stlt_mix_chunked
 from models.stlt.fftconv import stlt_mix_fft
+from models.stlt.matmul import stlt_mix_matmul
 from models.stlt.naive import stlt_mix_reference
 
 BACKENDS = ("auto", "reference", "torch", "triton")
+TORCH_ALGORITHMS = {"fft": stlt_mix_fft, "chunked": stlt_mix_chunked, "matmul": stlt_mix_matmul}
 
-# Sequence lengths from which the torch backend takes the chunked scan (linear in N) over the whole-sequence FFT
-# convolution (N log N, and its spectra outgrow the caches). Measured forward + backward at bench/stlt.py's shapes
-# (B = 1, D = 256, S = 32, float32, one thread) on the 2-core development machine:
-# - one mask per sequence: the FFT is 1.3-2x faster up to N = 4096, they tie at 8192, the chunked scan is ~1.4x
-#   faster at 12288 and 16384;
-# - per-position masks: the chunked scan is already ~1.4x faster at 128 and 2.5-3.5x faster at 512-4096 (the FFT
-#   path convolves each node over the whole sequence).
-CHUNKED_FROM_N_PER_SEQUENCE_MASK, CHUNKED_FROM_N_PER_POSITION_MASK = 8192, 128
+# The torch backend's fastest algorithm by sequence length, per mask kind and direction: (from N, algorithm) pairs,
+# the first from N = 1. Measured, not guessed: `python bench/stlt.py --calibrate --threads 1` times every algorithm
+# forward + backward at N = 64 .. 16384 (B = 1, D = 256, S = 32, float32, one thread) and prints its medians and this
+# table; another algorithm takes over where it is 10% faster than the current one, from the geometric midpoint of the
+# two measured lengths. The per-sequence choices are close calls (the FFT convolution and the chunked scan are within
+# 10-25% of each other below 8k); with per-position masks the matrix products win at every length, 3-4x.
+FASTEST_FROM_N = {
+    ("sequence", "bilateral"): ((1, "chunked"), (91, "fft"), (11586, "chunked")),
+    ("sequence", "causal"): ((1, "chunked"), (725, "fft"), (5793, "chunked")),
+    ("position", "bilateral"): ((1, "matmul"),),
+    ("position", "causal"): ((1, "matmul"),),
+}
 
 
 def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False, backend: str = "auto"):
@@ -29,9 +35,10 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
     x: real (B, N, D); sigma, omega: real (S,) effective values; T: real scalar (tensor or number); C: complex (S, D);
     mask: real (B, S) (one per sequence) or (B, N, S) (per position). Returns y, real (B, N, D), in x's dtype.
 
-    backend: "reference" (the O(N^2) definition, tests only), "torch" (any device: an FFT convolution, fftconv.py, for
-    short sequences, a chunked scan, chunked.py, from CHUNKED_FROM_N_* positions), "triton" (fused kernels, CUDA, or
-    the CPU interpreter with TRITON_INTERPRET=1), "auto" (triton on CUDA tensors, torch otherwise).
+    backend: "reference" (the O(N^2) definition, tests only), "torch" (any device: the fastest of an FFT convolution,
+    fftconv.py, a chunked scan, chunked.py, and the mix in matrix products, matmul.py, as measured: FASTEST_FROM_N),
+    "triton" (fused kernels, CUDA, or the CPU interpreter with TRITON_INTERPRET=1), "auto" (triton on CUDA tensors,
+    torch otherwise).
     All backends are differentiable in every argument and agree with each other.
     """
     if backend not in BACKENDS:
@@ -49,14 +56,17 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
     args = (x.to(dtype), sigma.to(dtype), omega.to(dtype), T.to(dtype), C.to(cdtype), mask.to(dtype))
-    fn = stlt_mix_reference if backend == "reference" else torch_algorithm(x.shape[1], per_position=mask.dim() == 3)
+    if backend == "reference":
+        fn = stlt_mix_reference
+    else:
+        fn = TORCH_ALGORITHMS[torch_algorithm(x.shape[1], per_position=mask.dim() == 3, causal=causal)]
     return fn(*args, delta=delta, causal=causal).to(x.dtype)
 
 
-def torch_algorithm(N: int, *, per_position: bool):
-    """The torch backend's implementation for sequences of N positions."""
-    threshold = CHUNKED_FROM_N_PER_POSITION_MASK if per_position else CHUNKED_FROM_N_PER_SEQUENCE_MASK
-    return stlt_mix_chunked if N >= threshold else stlt_mix_fft
+def torch_algorithm(N: int, *, per_position: bool, causal: bool) -> str:
+    """Name of the torch backend's algorithm for sequences of N positions (FASTEST_FROM_N)."""
+    table = FASTEST_FROM_N["position" if per_position else "sequence", "causal" if causal else "bilateral"]
+    return [name for start, name in table if N >= start][-1]
 
 
 def _check_inputs(x, sigma, omega, T, C, mask, delta) -> torch.Tensor:
