@@ -115,6 +115,57 @@ def test_regulariser_trains_the_gate_and_the_nodes():
         assert p.grad is not None and p.grad.abs().sum() > 0
 
 
+def _step_gradients(mixer, x, micro_batches: int, *, retain_graph: bool = False):
+    """Gradients of one optimiser step on x (float64, training mode, the regulariser on from step 0): the loss is the
+    mean over sequences, so each of `micro_batches` equal micro-batches' losses is scaled by 1 / micro_batches, and
+    the regulariser is added once. Gate noise is drawn from one seed in sequence order, so the micro-batches see the
+    same noise as the big batch."""
+    mixer.zero_grad()
+    mixer.set_training_step(3, 10)
+    torch.manual_seed(123)
+    losses = [mixer(part).square().mean() / micro_batches for part in x.chunk(micro_batches)]
+    if retain_graph:  # a backward per micro-batch, keeping the graphs the regulariser reaches back into
+        for loss in losses:
+            loss.backward(retain_graph=True)
+        mixer.regularization_loss().backward()
+    else:
+        (sum(losses) + mixer.regularization_loss()).backward()
+    return {name: p.grad.clone() for name, p in mixer.named_parameters()}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("retain_graph", [False, True])
+def test_regulariser_under_gradient_accumulation_gives_the_big_batch_gradient(causal, retain_graph):
+    """One step on a batch of 8 and one on two micro-batches of 4 (loss scaled by 1/2, regulariser once per step):
+    the same gradient in every parameter, the gate's included."""
+    kwargs = dict(reg_start_step=0, lambda_omega=0.3, lambda_sigma=0.7, lambda_mask=0.2)
+    x = torch.randn(8, 10, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    big = _step_gradients(make_mixer(causal, **kwargs).train(), x, 1)
+    accumulated = _step_gradients(make_mixer(causal, **kwargs).train(), x, 2, retain_graph=retain_graph)
+    for name, grad in big.items():
+        torch.testing.assert_close(accumulated[name], grad, rtol=1e-12, atol=1e-14, msg=lambda m, n=name: f"{n}: {m}")
+    assert big["gate_bias"].abs().sum() > 0 and big["sigma_raw"].abs().sum() > 0
+
+
+def test_each_step_regularises_its_own_forwards():
+    """Masks count towards the step they were drawn in: a new step, begun by set_training_step or by the backward
+    through the last step's regulariser, starts from its own forwards only."""
+    mixer = make_mixer(False, S=3, reg_start_step=0).train()
+    x = torch.randn(4, 6, 12, dtype=torch.float64)
+    for begin_with_set_training_step in (True, False):
+        for step in range(3):
+            if begin_with_set_training_step:
+                mixer.set_training_step(step, 10)
+            torch.manual_seed(step)
+            (mixer(x * (step + 1)).square().mean() + mixer.regularization_loss()).backward()
+            # The value is the regulariser of this step's masks alone.
+            alone = make_mixer(False, S=3, reg_start_step=0).train()
+            alone.load_state_dict(mixer.state_dict())
+            torch.manual_seed(step)
+            alone(x * (step + 1))
+            assert mixer.regularization_loss().item() == pytest.approx(alone.regularization_loss().item(), rel=1e-12)
+
+
 def test_training_mask_is_a_relaxed_bernoulli_of_the_logits():
     """sigmoid((z + logistic noise) / tau): the fraction of draws above 1/2 is sigmoid(z), whatever tau is."""
     mixer = make_mixer(False, S=3)

@@ -15,9 +15,18 @@ It owns the S complex nodes (sigma, omega), the shared window bandwidth T, the r
   sigmoid((z + g) / tau) with logistic noise g (one draw per sequence and node) from the logits; evaluation uses the
   hard mask 1[sigmoid(z) > 0.5] = 1[z > 0] and skips the nodes that are off everywhere in the batch.
 - tau: tau_start for the first `tau_hold` of training, then geometric to tau_end over the next `tau_anneal`.
-- regularization_loss(), with m_bar the last forward's mask averaged over batch and positions:
+- regularization_loss(), with m_bar the mask averaged over the sequences and positions of every forward pass of the
+  current optimiser step (with gradients enabled):
       lambda_omega sum_k |omega_k| m_bar_k + lambda_sigma sum_k (sigma_k - sigma_{k-1})^2 m_bar_k m_bar_{k-1}
       + lambda_mask sum_k m_bar_k,        zero before `reg_start_step`.
+  Call it once per optimiser step, after the step's last forward, and add it unscaled to the step's loss: with
+  gradient accumulation over micro-batches (each loss scaled as a big batch's mean would weigh it), the step then
+  has the gradient of one big batch. A step begins with `set_training_step` or after a backward pass through the
+  regulariser; forwards after that count towards the next step. Once per micro-batch cannot give the big-batch
+  gradient: the smoothness term couples the nodes' means over the whole batch (m_bar_k m_bar_{k-1}), and a
+  micro-batch's backward cannot wait for the masks of the micro-batches after it. Because the regulariser reaches
+  back into every micro-batch's forward graph, backward once per step through the sum of the scaled micro-batch
+  losses and the regulariser (or keep the micro-batches' graphs with `retain_graph=True`).
 """
 
 from __future__ import annotations
@@ -77,7 +86,12 @@ class STLTMixer(nn.Module):
         self.gate_bias = nn.Parameter(torch.empty(S))
         self.register_buffer("step", torch.zeros((), dtype=torch.long), persistent=True)
         self.register_buffer("tau", torch.tensor(float(tau_start)), persistent=True)
-        self._mask_mean: torch.Tensor | None = None
+        self._mask_mean: torch.Tensor | None = None  # the last forward's, for stats()
+        # The masks of this optimiser step's forwards, summed over sequences and positions (with their graphs), and
+        # how many (sequence, position) rows they hold; cleared at the first forward of the next step.
+        self._mask_sum: torch.Tensor | None = None
+        self._mask_rows = 0
+        self._step_over = False
         self.reset_parameters(seq_len, T_init, gate_bias_init)
 
     @classmethod
@@ -141,7 +155,10 @@ class STLTMixer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         v = self.value(x)
         mask = self.node_mask(self.gate_logits(x))
-        self._mask_mean = mask.reshape(-1, self.num_nodes).mean(dim=0)
+        rows = mask.reshape(-1, self.num_nodes)
+        self._mask_mean = rows.detach().mean(dim=0)
+        if torch.is_grad_enabled():
+            self._count_masks(rows)
         sigma, omega, C = self.sigma, self.omega, self.C
         if not self.training:
             # Nodes off for every sequence and position of the batch cost nothing: drop them before the mix.
@@ -155,7 +172,18 @@ class STLTMixer(nn.Module):
 
     # Hooks the models forward to every mixer (models/base.py).
 
+    def _count_masks(self, rows: torch.Tensor) -> None:
+        if self._step_over:
+            self._mask_sum, self._mask_rows, self._step_over = None, 0, False
+        total = rows.sum(dim=0)
+        self._mask_sum = total if self._mask_sum is None else self._mask_sum + total
+        self._mask_rows += rows.shape[0]
+
+    def _end_step(self, grad: torch.Tensor) -> None:
+        self._step_over = True
+
     def set_training_step(self, step: int, total_steps: int) -> None:
+        self._step_over = True
         self.step.fill_(step)
         progress = step / max(total_steps, 1)
         if progress < self.tau_hold:
@@ -168,9 +196,12 @@ class STLTMixer(nn.Module):
         self.tau.fill_(tau)
 
     def regularization_loss(self) -> torch.Tensor:
-        if self._mask_mean is None or int(self.step) < self.reg_start_step:
+        """The regulariser over every forward of the current optimiser step: call it once per step (class docstring)."""
+        if self._mask_sum is None or int(self.step) < self.reg_start_step:
             return self.sigma_raw.new_zeros(())
-        m, sigma = self._mask_mean, self.sigma
+        m, sigma = self._mask_sum / self._mask_rows, self.sigma
+        if m.requires_grad:
+            m.register_hook(self._end_step)  # a backward through the regulariser ends the step
         frequency = (self.omega.abs() * m).sum()
         smoothness = ((sigma[1:] - sigma[:-1]) ** 2 * m[1:] * m[:-1]).sum()
         usage = m.sum()
@@ -179,7 +210,7 @@ class STLTMixer(nn.Module):
     def stats(self) -> dict[str, float]:
         stats = {"T": float(self.T.detach())}
         if self._mask_mean is not None:
-            stats["s_eff"] = float(self._mask_mean.detach().sum())
+            stats["s_eff"] = float(self._mask_mean.sum())
         return stats
 
     def slow_parameters(self) -> list[nn.Parameter]:
