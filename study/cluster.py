@@ -40,6 +40,15 @@ def check_address(address: str | None) -> None:
                         "is the cluster up? (`ray status` on its head)") from None
 
 
+def pin_ray_address() -> None:
+    """Point Ray's own address look-ups in this process at the cluster it is connected to. Ray's State API, which
+    Tune and Train's placement-group cleaner call without an address, otherwise looks for a local cluster and gives
+    up when two run on the machine (another study, a notebook's): the placement groups of trials stopped early are
+    then never freed and the next trials wait for CPUs forever. Runs in the driver, and in every worker process as
+    the runtime environment's setup hook."""
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+
+
 def connect_ray(address: str | None, storage: Path) -> str | None:
     """Start a local cluster (dashboard on: Tune needs it to clean up the placement groups of stopped trials) or
     join the one at `address`. Returns the local cluster's session folder (None when joining one)."""
@@ -52,7 +61,8 @@ def connect_ray(address: str | None, storage: Path) -> str | None:
     env[TRAIN_POLL_VARIABLE] = os.environ.get(TRAIN_POLL_VARIABLE, TRAIN_POLL_S)
     os.environ.setdefault("HF_HOME", env["HF_HOME"])
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    kwargs = dict(runtime_env={"env_vars": env}, log_to_driver=False, logging_level="ERROR")
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": f"{__name__}.{pin_ray_address.__name__}"}
+    kwargs = dict(runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
     try:
         if address:
             ray.init(address=address, **kwargs)
@@ -65,6 +75,7 @@ def connect_ray(address: str | None, storage: Path) -> str | None:
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:  # OSError: e.g. RAY_TMPDIR too long
         where = f"--address {address}" if address else "local Ray cluster"
         raise UserError(f"{where}: cannot connect ({' '.join(str(exc).split())[:200]})") from None
+    pin_ray_address()
     # Ray's, Optuna's and MLflow's own log lines would bury the progress lines; errors still come through.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     for logger in ("ray", "ray.train", "ray.data"):
