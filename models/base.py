@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -23,7 +25,8 @@ class MixerModel(nn.Module):
     Subclasses build their layers with ``_build_blocks``, which sets ``self.blocks`` (each with a ``.mixer``) and
     ``self.mixer_kinds`` (the registry name per layer).
     Mixers may implement ``regularization_loss()``, ``set_training_step(step, total_steps)``, ``stats()`` and
-    ``slow_parameters()``; attention implements none of them.
+    ``slow_parameters()``; attention implements none of them. Subclasses also have ``norm`` (the final norm) and
+    ``pool(tokens)`` (what the classifier or output head reads of the tokens).
     """
 
     blocks: nn.ModuleList
@@ -44,6 +47,20 @@ class MixerModel(nn.Module):
                                    qkv_bias=config.qkv_bias, proj_bias=proj_bias, rope=rope)
             self.blocks.append(Block(config.dim, build_mixer(kind, context, config.mixer_options),
                                      mlp_ratio=config.mlp_ratio, drop_path=drop_rates[layer], **block_options))
+
+    @contextmanager
+    def layer_outputs(self) -> Iterator[list[torch.Tensor]]:
+        """Within it, every forward appends each block's output passed through the final norm, (B, T, d) per layer
+        in order, to the list it yields: the last one is the forward's own last-layer tokens, the others are the
+        same view of the earlier layers (for per-layer geometry)."""
+        outputs: list[torch.Tensor] = []
+        hooks = [block.register_forward_hook(lambda module, args, out: outputs.append(self.norm(out)))
+                 for block in self.blocks]
+        try:
+            yield outputs
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def _mixers_with(self, method: str):
         return [block.mixer for block in self.blocks if hasattr(block.mixer, method)]

@@ -61,6 +61,10 @@ class GPT(MixerModel):
         logits = self.lm_head(tokens)
         return ModelOutput(logits, tokens, tokens) if return_features else logits
 
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The output head reads every position: the feature is the tokens themselves."""
+        return tokens
+
     @property
     def classifier_weight(self) -> torch.Tensor:
         return self.lm_head.weight

@@ -75,9 +75,13 @@ class ViT(MixerModel):
         for block in self.blocks:
             x = block(x)
         tokens = self.norm(x)
-        feature = tokens[:, 0] if self.config.pool == "cls" else tokens[:, 1:].mean(dim=1)
+        feature = self.pool(tokens)
         logits = self.head(feature)
         return ModelOutput(logits, tokens, feature) if return_features else logits
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """What the classifier reads of tokens (B, 1 + P, d): the class token, or the mean of the patch tokens."""
+        return tokens[:, 0] if self.config.pool == "cls" else tokens[:, 1:].mean(dim=1)
 
     @property
     def classifier_weight(self) -> torch.Tensor:

@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections import Counter
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import torch
 
 import models
 from study.optim import build_optimizer, build_schedule, peak_lr
-from study.plots import draw_geometry
+from study.plots import draw_geometry, draw_layer_history
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import TrainState
 from study.tasks import Task, task_class
@@ -69,7 +70,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         return
 
     logger = _open_run(target, spec, num_params, task_data.params, state) if worker.rank == 0 else None
-    task = task_class(spec.task)(model, worker, seed=spec.seed, geometry=spec.geometry)
+    task = task_class(spec.task)(model, worker, seed=spec.seed, geometry=spec.geometry, loss=spec.train.loss)
     train_shard, val_shard = ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val")
     eval_batch = 2 * plan.batch_per_worker
 
@@ -77,34 +78,35 @@ def train_loop_per_worker(loop_config: dict) -> None:
         return task_data.val_batches(val_shard, batch_size=eval_batch, device=worker.device)
 
     task.setup(val_batches)
-    for epoch in range(state.epoch + 1, spec.epochs + 1):
-        seed_everything(spec.seed, epoch, worker.rank)
-        batches = task_data.train_batches(train_shard, batch_size=plan.batch_per_worker, epoch=epoch, seed=spec.seed,
-                                          device=worker.device)
-        metrics = train_epoch(state, task, batches, spec, plan)
-        metrics.update(epoch=epoch, num_params=num_params)
-        pictures = None
-        if math.isfinite(metrics["train_loss"]):
-            evaluated = time.perf_counter()
-            evaluation = task.evaluate(val_batches(), autocast=worker.autocast(spec.train.precision),
-                                       geometry=spec.geometry.due(epoch, spec.epochs))
-            metrics.update(evaluation.metrics, eval_s=time.perf_counter() - evaluated, **model.mixer_stats())
-            pictures = evaluation.pictures
-        else:
-            # Stop at once: retrying from the checkpoint would diverge the same way. The study marks it failed.
-            metrics.update({name: math.nan for name in task.quality_metrics}, diverged=1,
-                           error=f"training diverged: train_loss is {metrics['train_loss']} at epoch {epoch}")
-        state.epoch = epoch
-        state.history.append(metrics)
-        if logger is not None:
-            logger.log_epoch(epoch, metrics)
-            if "error" in metrics:
-                logger.set_tags({"lapstudy.error": metrics["error"]})
-            if pictures is not None:
-                _log_pictures(logger, pictures, epoch, spec)
-        state.report({**metrics, "mlflow_run_id": state.mlflow_run_id, **origin}, worker.rank)
-        if "diverged" in metrics:
-            return
+    with closing(logger) if logger is not None else nullcontext():  # closing stops its system-metrics monitor
+        for epoch in range(state.epoch + 1, spec.epochs + 1):
+            seed_everything(spec.seed, epoch, worker.rank)
+            batches = task_data.train_batches(train_shard, batch_size=plan.batch_per_worker, epoch=epoch,
+                                              seed=spec.seed, device=worker.device)
+            metrics = train_epoch(state, task, batches, spec, plan)
+            metrics.update(epoch=epoch, num_params=num_params)
+            pictures = None
+            if math.isfinite(metrics["train_loss"]):
+                evaluated = time.perf_counter()
+                evaluation = task.evaluate(val_batches(), autocast=worker.autocast(spec.train.precision),
+                                           geometry=spec.geometry.due(epoch, spec.epochs))
+                metrics.update(evaluation.metrics, eval_s=time.perf_counter() - evaluated, **model.mixer_stats())
+                pictures = evaluation.pictures
+            else:
+                # Stop at once: retrying from the checkpoint would diverge the same way. The study marks it failed.
+                metrics.update({name: math.nan for name in task.quality_metrics}, diverged=1,
+                               error=f"training diverged: train_loss is {metrics['train_loss']} at epoch {epoch}")
+            state.epoch = epoch
+            state.history.append(metrics)
+            if logger is not None:
+                logger.log_epoch(epoch, metrics)
+                if "error" in metrics:
+                    logger.set_tags({"lapstudy.error": metrics["error"]})
+                if pictures is not None:
+                    _log_pictures(logger, pictures, state.history, spec)
+            state.report({**metrics, "mlflow_run_id": state.mlflow_run_id, **origin}, worker.rank)
+            if "diverged" in metrics:
+                return
 
 
 def train_epoch(state: TrainState, task: Task, batches, spec: RunSpec, plan: LoopPlan) -> dict:
@@ -173,19 +175,23 @@ def _open_run(target: TrackingTarget | None, spec: RunSpec, num_params: int, dat
     may lack (the tracking server was away) are sent again (the logger skips those it has)."""
     if target is None:
         return None
-    logger = RunLogger(target.tracking_uri, target.experiment_id, trial_id=target.trial_id, run_name=target.run_name,
-                       study=target.study, params=run_params(spec, num_params, data_params),
-                       config_yaml=dump_yaml(spec.document()))
+    logger = RunLogger(target, run_params(spec, num_params, data_params), dump_yaml(spec.document()),
+                       system_metrics=True)
     for past in state.history:
         logger.log_epoch(past["epoch"], past)
     state.mlflow_run_id = logger.run_id or state.mlflow_run_id
     return logger
 
 
-def _log_pictures(logger: RunLogger, pictures, epoch: int, spec: RunSpec) -> None:
-    k = spec.hyperparameters.get("k")
+def _log_pictures(logger: RunLogger, pictures, history: list[dict], spec: RunSpec) -> None:
+    """The last epoch's pictures (as geometry/*.png, and under geometry/epoch_<n>/ at every geometry epoch but the
+    last), and every layer's geometry over the epochs so far."""
+    epoch, k = history[-1]["epoch"], spec.hyperparameters.get("k")
     with tempfile.TemporaryDirectory() as folder:
         draw_geometry(pictures, Path(folder), f"epoch {epoch}" + (f", k={k}" if k is not None else ""))
         logger.log_artifacts(folder, "geometry")
-        if spec.geometry.every:
+        if epoch < spec.epochs:
             logger.log_artifacts(folder, f"geometry/epoch_{epoch:04d}")
+    with tempfile.TemporaryDirectory() as folder:
+        draw_layer_history(history, Path(folder), f"k={k}" if k is not None else "")
+        logger.log_artifacts(folder, "geometry")

@@ -1,7 +1,9 @@
-"""Geometry pictures logged with every trial: last-layer tokens on their top two PCs, and the variance split."""
+"""Geometry pictures logged with every trial: last-layer tokens on their top two PCs, the variance split, and each
+layer's geometry over the epochs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -19,6 +21,52 @@ def draw_geometry(pictures: GeometryPictures, folder: Path, title: str) -> None:
     pca_plot(pictures.points, pictures.labels, folder / "pca.png", f"last-layer tokens on the top two PCs ({title})",
              label_name=pictures.label_name)
     variance_plot(pictures.parts, pictures.total, folder / "variance.png", f"token variance decomposition ({title})")
+
+
+LAYER_METRIC = re.compile(r"^geom_l(\d+)_(.+)$")
+
+
+def layer_history(history: list[dict]) -> dict[str, tuple[list[int], np.ndarray]]:
+    """Per-layer geometry over the epochs that have it: name -> (epochs, values (layers, epochs))."""
+    found: dict[str, dict[int, dict[int, float]]] = {}
+    for row in history:
+        for key, value in row.items():
+            match = LAYER_METRIC.match(key)
+            if match:
+                found.setdefault(match[2], {}).setdefault(row["epoch"], {})[int(match[1])] = value
+    tables = {}
+    for name, by_epoch in found.items():
+        epochs = sorted(by_epoch)
+        layers = 1 + max(layer for values in by_epoch.values() for layer in values)
+        values = np.array([[by_epoch[e].get(layer, np.nan) for e in epochs] for layer in range(layers)])
+        tables[name] = (epochs, values)
+    return tables
+
+
+def layer_heatmap(values: np.ndarray, columns: list, path: Path, title: str, column_name: str) -> Path:
+    """A (layers, columns) table of one geometry metric as a heatmap, each cell annotated; layer 0 at the bottom."""
+    layers, count = values.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * count + 2.5), max(2.5, 0.35 * layers + 1.5)), dpi=110)
+    image = ax.imshow(values, origin="lower", aspect="auto", cmap="viridis")
+    fig.colorbar(image, ax=ax, fraction=0.05)
+    ax.set_xticks(range(count), [str(c) for c in columns], rotation=45 if count > 8 else 0, fontsize=7)
+    ax.set_yticks(range(layers), [str(layer) for layer in range(layers)], fontsize=7)
+    ax.set_xlabel(column_name)
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=10)
+    if layers * count <= 200:
+        for (i, j), value in np.ndenumerate(values):
+            ax.annotate(f"{value:.3g}", (j, i), ha="center", va="center", fontsize=6, color="white")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def draw_layer_history(history: list[dict], folder: Path, title: str) -> list[Path]:
+    """layers_<metric>.png: each per-layer geometry metric, layer by epoch."""
+    return [layer_heatmap(values, epochs, folder / f"layers_{name}.png", f"{name} per layer ({title})", "epoch")
+            for name, (epochs, values) in layer_history(history).items()]
 
 
 def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, label_name: str = "class") -> Path:

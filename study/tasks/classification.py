@@ -18,11 +18,20 @@ class Classification(Task):
     quality_metrics = ("val_acc", "val_loss")
     geometry_metrics = ("total_var", "within_seq_var", "within_class_var", "between_class_var", "between_class_frac",
                         "nc1", "nc2_equinorm", "nc2_equiangle", "nc3", "nc4", "pcs99")
+    layer_geometry_metrics = ("within_seq_var", "within_class_var", "between_class_var", "between_class_frac",
+                              "nc1")
+    report_geometry = ("between_class_frac", "nc1", "within_seq_var")
 
     def loss(self, model, batch):
         logits = model(batch["image"]).float()
-        if "soft_label" in batch:
-            return torch.sum(-batch["soft_label"] * F.log_softmax(logits, dim=-1), dim=-1).mean()
+        targets = batch.get("soft_label")
+        if self.loss_kind == "bce":
+            # DeiT III (deit engine.py): every class with a share of the (mixed) target is a positive
+            if targets is None:
+                targets = F.one_hot(batch["label"], logits.shape[-1])
+            return F.binary_cross_entropy_with_logits(logits, targets.gt(0).float())
+        if targets is not None:
+            return torch.sum(-targets * F.log_softmax(logits, dim=-1), dim=-1).mean()
         return F.cross_entropy(logits, batch["label"])
 
     def eval_sums(self, logits, batch):
@@ -34,16 +43,18 @@ class Classification(Task):
     def eval_metrics(self, sums):
         return {"val_loss": sums["loss"] / sums["samples"], "val_acc": sums["correct"] / sums["samples"]}
 
-    def new_accumulator(self):
-        self._features = []  # NC4 needs a second pass over the features, once the class centres are final
+    def new_accumulator(self, layer=False):
+        if not layer:
+            self._features = []  # NC4 needs a second pass over the features, once the class centres are final
         weight = self.model.classifier_weight
         return GeometryAccumulator(self.model.config.dim, num_classes=weight.shape[0], feature_dim=weight.shape[1],
-                                   reservoir_size=self.geometry.pca_points, seed=self._reservoir_seed(),
-                                   device=self.worker.device)
+                                   reservoir_size=1 if layer else self.geometry.pca_points,
+                                   seed=self._reservoir_seed(), device=self.worker.device)
 
-    def accumulate(self, accumulator, out, batch):
-        accumulator.update(out.tokens, labels=batch["label"], features=out.feature)
-        self._features.append(out.feature)
+    def accumulate(self, accumulator, tokens, feature, batch, last=False):
+        accumulator.update(tokens, labels=batch["label"], features=feature)
+        if last:
+            self._features.append(feature)
 
     def finish_geometry(self, accumulator):
         weight = self.model.classifier_weight

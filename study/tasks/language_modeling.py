@@ -31,6 +31,8 @@ class LanguageModeling(Task):
     throughput = ("samples", "tokens")
     geometry_metrics = ("total_var", "within_seq_var", "pcs99", "within_target_var", "between_target_var",
                         "between_target_frac", "target_nc1", "target_total_var")
+    layer_geometry_metrics = ("within_target_var", "between_target_var", "between_target_frac", "target_nc1")
+    report_geometry = ("between_target_frac", "target_nc1", "within_seq_var")
 
     def setup(self, val_batches):
         """The K most frequent next-token targets of the validation split (all workers): the language-collapse
@@ -57,13 +59,13 @@ class LanguageModeling(Task):
         return {"val_loss": sums["loss"] / sums["targets"],
                 "val_bpb": sums["byte_loss"] / (math.log(2) * sums["bytes"])}
 
-    def new_accumulator(self):
+    def new_accumulator(self, layer=False):
         return GeometryAccumulator(self.model.config.dim, target_ids=self.top_targets,
-                                   reservoir_size=self.geometry.pca_points, seed=self._reservoir_seed(),
-                                   device=self.worker.device)
+                                   reservoir_size=1 if layer else self.geometry.pca_points,
+                                   seed=self._reservoir_seed(), device=self.worker.device)
 
-    def accumulate(self, accumulator, out, batch):
-        accumulator.update(out.tokens, targets=batch["targets"])
+    def accumulate(self, accumulator, tokens, feature, batch, last=False):
+        accumulator.update(tokens, targets=batch["targets"])
 
     def finish_geometry(self, accumulator):
         values = accumulator.all_reduce_().compute()
