@@ -39,6 +39,9 @@ class TrainConfig(BaseModel):
         None, ge=1, description="optimiser steps per epoch (required for streamed data of unknown length)"
     )
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
+    loss: Literal["ce", "bce"] = Field(
+        "ce", description="classification: cross-entropy, or binary cross-entropy on the (mixed) targets > 0 as "
+                          "DeiT III trains ImageNet-1k (facebookresearch/deit engine.py, main.py --bce-loss)")
 
 
 TRAIN_KEYS: frozenset[str] = frozenset(TrainConfig.model_fields)
@@ -79,6 +82,7 @@ class RunSpec(BaseModel):
         if self.dataset.task != self.task:
             raise ValueError(f"dataset source {self.dataset.source!r} is a {self.dataset.task} source, not {self.task}")
         check_hyperparameter_names(self.hyperparameters, "hyperparameters")
+        check_loss(self.hyperparameters.get("loss", "ce"), self.task, self.dataset, "hyperparameters.loss")
         return self
 
     @property
@@ -97,6 +101,17 @@ class RunSpec(BaseModel):
 # Model keys whose validity depends on the data (the data fixes them, or they are checked against one it fixes):
 # a check made before the data is opened leaves them to the full check after.
 DATA_SHAPED_KEYS = frozenset({"image_size", "patch_size", "in_chans", "num_classes", "vocab_size", "context_length"})
+
+
+def check_loss(loss, task: str, dataset, where: str) -> None:
+    """bce is a classification loss, and with label smoothing every target would be positive."""
+    if loss != "bce":
+        return
+    if task != "classification":
+        raise ValueError(f"{where}: bce is a classification loss; {task} trains with ce")
+    if getattr(dataset, "label_smoothing", 0) > 0:
+        raise ValueError(f"{where}: bce needs dataset.label_smoothing 0 (smoothed targets are all > 0; DeiT III "
+                         f"trains bce with --smoothing 0.0), got {dataset.label_smoothing}")
 
 
 def model_part(hyperparameters: dict) -> dict:
