@@ -1,4 +1,4 @@
-"""The `lapstudy` command line: run, status, export, train, sync, ui.
+"""The `lapstudy` command line: run, status, report, export, train, sync, ui.
 
 Paths are resolved once, here: relative to the working folder, `~` expanded, trailing slashes ignored. User
 mistakes (a bad space, config or flag, an unreachable cluster or tracking server) print one line on stderr that
@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="the trials of a study as a table")
     status.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
 
+    report = commands.add_parser("report", help="write the study's report (HTML with its figures) and log it to MLflow",
+                                 description="The study's report: the best configurations with their replicates' "
+                                             "mean and spread, differences to the baseline, the metric against the "
+                                             "geometry, figures. Written to STUDY_DIR/report/report.html.")
+    report.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
+
     export = commands.add_parser("export", help="write the best trials (or the Pareto set) as run configs")
     export.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
     export.add_argument("--top", type=int, default=1, metavar="K", help="how many of the best trials (default 1)")
@@ -140,13 +146,15 @@ def _dispatch(args) -> int:
         return sync_study(StudyFolder(args.study_dir), args.tracking_uri)
     if args.command == "status":
         from study.folder import StudyFolder
-        from study.results import load_records, table
+        from study.results import status
 
-        folder = StudyFolder(args.study_dir)
-        record = folder.record()
-        records = load_records(folder)
-        print(f"study {record.name} ({folder.path}): {len(records)} of {record.num_samples} trials started")
-        print(table(records, record.metric))
+        print(status(StudyFolder(args.study_dir)))
+        return 0
+    if args.command == "report":
+        from study.folder import StudyFolder
+        from study.report import write_report
+
+        print(write_report(StudyFolder(args.study_dir)))
         return 0
     if args.command == "export":
         from study.export import export

@@ -3,6 +3,7 @@ stops early, MLflow records; the study folder (study/folder.py) keeps everything
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from ray import tune
 from study.callbacks import CloseTrialRuns, StudyProgress
 from study.data import TaskData
 from study.errors import UserError
-from study.folder import StudyFolder, StudyRecord
+from study.folder import SPACE_FILE, StudyFolder, StudyRecord
 from study.preflight import Request, preflight
 from study.resources import trial_driver_resources
 from study.results import load_records, summary
@@ -24,7 +25,10 @@ from study.search import make_scheduler, make_searcher
 from study.session import previous_driver, record_driver
 from study.space import SearchSpace, load_space
 from study.sync import sync_runs
-from study.tracking import local_store, open_experiment, redact, without_credentials
+from study.provenance import provenance
+from study.report import write_report
+from study.status import TrialStatus
+from study.tracking import close_run, local_store, open_experiment, open_study_run, redact, without_credentials
 from study.trainer import plan_run
 from study.trial import StudyContext, trial_driver, trial_name
 
@@ -73,8 +77,8 @@ def run_study(options: RunOptions) -> int:
     resources = stored.resources if stored else options.resources
     worker_resources = stored.worker_resources if stored else dict(options.worker_resources)
     num_samples = stored.num_samples if stored else (options.num_samples or space.default_num_samples())
+    seeds = (stored.seeds or [seed]) if stored else space.replicate_seeds(seed)
     tracking_uri = _tracking_uri(options, stored, folder)
-    searcher, scheduler = make_searcher(space, seed), make_scheduler(space)
     request = Request(task=space.task, dataset=space.dataset, seed=seed, resources=resources, storage=options.storage,
                       experiment=name, new_experiment=not stored, tracking_uri=tracking_uri, address=options.address,
                       max_concurrent=stored.max_concurrent if stored else options.max_concurrent,
@@ -86,17 +90,21 @@ def run_study(options: RunOptions) -> int:
     if not stored:
         folder.start(options.space, StudyRecord(
             name=name, space=str(options.space), created=datetime.now(timezone.utc).isoformat(), seed=seed,
-            num_samples=num_samples, max_concurrent=options.max_concurrent, resources=resources,
+            num_samples=num_samples, seeds=seeds, max_concurrent=options.max_concurrent, resources=resources,
             worker_resources=worker_resources, tracking_uri=without_credentials(tracking_uri),
             experiment_id=experiment_id, metric=space.metrics, mode=space.modes))
     record_driver(folder.path, launch.session_dir)
+    study_run_id = open_study_run(tracking_uri, experiment_id, name, _study_params(space, folder.record()),
+                                  provenance(), [folder.path / SPACE_FILE])
 
-    context = StudyContext(folder, space, seed, resources, tracking_uri, experiment_id, options.max_failures,
-                           worker_resources)
+    context = StudyContext(folder, space, seed, resources, tracking_uri, experiment_id, study_run_id,
+                           options.max_failures, worker_resources)
     trainable = tune.with_resources(tune.with_parameters(trial_driver, study=context),
                                     trial_driver_resources(ray.cluster_resources()))
-    callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.epochs), StudyProgress(space, num_samples)]
-    print(f"study {name} in {folder.path}: {num_samples} trials of {space.epochs} epochs, up to "
+    trials = num_samples * len(seeds)
+    callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.epochs), StudyProgress(space, trials)]
+    replicated = f" ({num_samples} configurations x {len(seeds)} seeds)" if len(seeds) > 1 else ""
+    print(f"study {name} in {folder.path}: {trials} trials{replicated} of {space.epochs} epochs, up to "
           f"{launch.concurrency} at a time, {resources.workers} worker(s) x {resources.cpus_per_worker:g} CPU"
           + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial", flush=True)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
@@ -105,7 +113,8 @@ def run_study(options: RunOptions) -> int:
     else:
         tuner = tune.Tuner(
             trainable,
-            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=num_samples,
+            tune_config=tune.TuneConfig(search_alg=make_searcher(space, seed, folder.path),
+                                        scheduler=make_scheduler(space), num_samples=trials,
                                         max_concurrent_trials=launch.concurrency, trial_name_creator=trial_name,
                                         trial_dirname_creator=trial_name),
             run_config=tune.RunConfig(name=name, storage_path=str(options.storage), callbacks=callbacks, verbose=0,
@@ -115,10 +124,21 @@ def run_study(options: RunOptions) -> int:
     records = load_records(folder)
     unsynced = sync_runs(folder, tracking_uri, experiment_id, records)
     print(summary(records, space, folder), flush=True)
+    print(f"report: {write_report(folder)}", flush=True)
+    close_run(tracking_uri, experiment_id, run_id=study_run_id, trial_id=None, status=TrialStatus.COMPLETED)
     if unsynced:
         print(f"MLflow at {redact(tracking_uri)} did not answer: {unsynced} trial run(s) lack epochs Ray recorded; "
               f"`lapstudy sync {folder.path}` sends them when it is back", flush=True)
     return 0
+
+
+def _study_params(space: SearchSpace, record: StudyRecord) -> dict[str, str]:
+    """The study's run's params: how it was started and the space's settings (nested ones as JSON)."""
+    started = record.model_dump(mode="json", exclude={"name", "space", "created", "tracking_uri", "experiment_id"})
+    settings = space.model_dump(mode="json", exclude={"name", "description"})
+    return {**{key: json.dumps(value) if isinstance(value, dict | list) else str(value) for key, value in started.items()},
+            **{f"space.{key}": json.dumps(value) if isinstance(value, dict | list) else str(value)
+               for key, value in settings.items()}}
 
 
 def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData | None) -> None:

@@ -35,7 +35,8 @@ class StudyRecord(BaseModel):
     space: str  # where the space file was when the study started
     created: str
     seed: int
-    num_samples: int
+    num_samples: int  # configurations; each runs once per seed of `seeds`
+    seeds: list[int] | None = None  # the replicates' seeds (None in studies started before replicates: [seed])
     max_concurrent: int | None
     resources: Resources
     worker_resources: dict[str, float] = {}

@@ -17,6 +17,8 @@ from rich.table import Table
 
 from study.errors import UserError
 from study.folder import StudyFolder
+from study.search import CONFIG_ID, REPLICATE, SEED
+from study.stats import PairedDifference, Summary, paired_difference, summarize
 from study.status import TrialStatus, trial_status
 
 
@@ -33,6 +35,62 @@ class TrialRecord:
     @property
     def mlflow_run_id(self) -> str | None:
         return self.metrics.get("mlflow_run_id") or None
+
+    @property
+    def config_id(self) -> str:
+        """The configuration this trial is a replicate of (its own id without replicates)."""
+        return str(self.params.get(CONFIG_ID, self.trial_id))
+
+    @property
+    def seed(self) -> int | None:
+        return self.params.get(SEED)
+
+    @property
+    def sampled(self) -> dict:
+        """The values the sampler chose (what the configuration is), without the replicate's bookkeeping."""
+        return {k: v for k, v in self.params.items() if k not in (CONFIG_ID, REPLICATE, SEED)}
+
+
+@dataclass
+class Configuration:
+    """The replicates of one sampled configuration (one trial per seed)."""
+
+    config_id: str
+    sampled: dict
+    trials: list[TrialRecord]
+
+    def completed(self) -> list[TrialRecord]:
+        return [t for t in self.trials if t.status is TrialStatus.COMPLETED]
+
+    def summary(self, metric: str) -> Summary:
+        """Mean ± std over the replicates that ran every epoch."""
+        return summarize([metric_value(t, metric) for t in self.completed()])
+
+    def by_seed(self, metric: str) -> dict[int, float]:
+        return {t.seed: metric_value(t, metric) for t in self.completed() if t.seed is not None}
+
+    def difference(self, baseline: "Configuration", metric: str) -> PairedDifference:
+        return paired_difference(self.by_seed(metric), baseline.by_seed(metric))
+
+
+def configurations(records: list[TrialRecord]) -> list[Configuration]:
+    """Trials grouped by configuration, in the order the configurations were first proposed."""
+    grouped: dict[str, Configuration] = {}
+    for record in sorted(records, key=lambda r: (r.trial_id, r.params.get(REPLICATE, 0))):
+        configuration = grouped.setdefault(record.config_id, Configuration(record.config_id, record.sampled, []))
+        configuration.trials.append(record)
+    return list(grouped.values())
+
+
+def best_configurations(groups: list[Configuration], metrics: list[str], modes: list[str]) -> list[Configuration]:
+    """Configurations every replicate of which ran every epoch: by their mean, best first (one metric), or their
+    Pareto set on the means (several)."""
+    complete = [g for g in groups if g.trials and len(g.completed()) == len(g.trials)]
+    return _rank(complete, lambda g: [g.summary(m).mean for m in metrics], modes)
+
+
+def baseline_configuration(groups: list[Configuration], space) -> Configuration | None:
+    return next((g for g in groups if space.is_baseline(g.sampled)), None)
 
 
 def record_from_trial(trial, epochs: int, *, finished: bool = False) -> TrialRecord:
@@ -85,17 +143,23 @@ def best_records(records, metrics: list[str], modes: list[str], *, include_runni
     allowed = {TrialStatus.COMPLETED}
     if include_running:
         allowed |= {TrialStatus.RUNNING, TrialStatus.EARLY_STOPPED}
-    pool = [r for r in records if r.status in allowed and all(math.isfinite(metric_value(r, m)) for m in metrics)]
+    pool = [r for r in records if r.status in allowed]
+    return _rank(pool, lambda r: [metric_value(r, m) for m in metrics], modes)
+
+
+def _rank(items: list, values, modes: list[str]) -> list:
+    """The items whose `values(item)` are all finite: best first by the one value, or, with several, their Pareto
+    set (no other item at least as good in every value and better in one), by the first value."""
     signs = [1.0 if mode == "max" else -1.0 for mode in modes]
-    if len(metrics) == 1:
-        return sorted(pool, key=lambda r: -signs[0] * metric_value(r, metrics[0]))
-    scores = {r.trial_id: [s * metric_value(r, m) for s, m in zip(signs, metrics)] for r in pool}
+    scores = {id(item): [s * v for s, v in zip(signs, values(item))] for item in items}
+    pool = [item for item in items if all(math.isfinite(v) for v in scores[id(item)])]
+    if len(modes) > 1:
+        def dominated(a):
+            return any(all(x >= y for x, y in zip(scores[id(b)], scores[id(a)]))
+                       and any(x > y for x, y in zip(scores[id(b)], scores[id(a)])) for b in pool)
 
-    def dominated(a):
-        return any(all(x >= y for x, y in zip(scores[b.trial_id], scores[a.trial_id]))
-                   and any(x > y for x, y in zip(scores[b.trial_id], scores[a.trial_id])) for b in pool)
-
-    return sorted([r for r in pool if not dominated(r)], key=lambda r: -scores[r.trial_id][0])
+        pool = [item for item in pool if not dominated(item)]
+    return sorted(pool, key=lambda item: -scores[id(item)][0])
 
 
 def count_statuses(records: list[TrialRecord]) -> dict[TrialStatus, int]:
@@ -116,34 +180,85 @@ def _short(value) -> str:
 
 
 def table(records: list[TrialRecord], metrics: list[str]) -> str:
-    """Trials as a table (rich): id, status, epochs, metrics, params; then the errors of failed trials."""
-    names = sorted({k for r in records for k in r.params})
-    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for column in ("trial", "status", "epochs", *metrics, *names):
-        grid.add_column(column)
+    """Trials as a table (rich): id, status, epochs, metrics, params (and the configuration and seed of
+    replicates); then the errors of failed trials."""
+    replicated = any(r.config_id != r.trial_id or r.params.get(REPLICATE) for r in records)
+    names = sorted({k for r in records for k in r.sampled})
+    grid = _grid("trial", *(("config", "seed") if replicated else ()), "status", "epochs", *metrics, *names)
     for r in records:
-        grid.add_row(r.trial_id, r.status.value, str(r.epochs_run),
-                     *(f"{metric_value(r, m):.4f}" if m in r.metrics else "-" for m in metrics),
-                     *(_short(r.params[n]) if n in r.params else "-" for n in names))
-    text = io.StringIO()
-    # A terminal gets a table that fits it; a pipe or file one line per trial, however wide.
-    Console(file=text, width=None if sys.stdout.isatty() else 100_000, no_color=True, highlight=False).print(grid)
-    lines = [line.rstrip() for line in text.getvalue().splitlines()]
+        grid.add_row(r.trial_id, *((r.config_id, str(r.seed)) if replicated else ()), r.status.value,
+                     str(r.epochs_run), *(f"{metric_value(r, m):.4f}" if m in r.metrics else "-" for m in metrics),
+                     *(_short(r.sampled[n]) if n in r.sampled else "-" for n in names))
     errors = [f"  {r.trial_id}: {r.error}" for r in records if r.error]
-    return "\n".join(lines + (["errors:"] + errors if errors else []))
+    return "\n".join(_render(grid) + (["errors:"] + errors if errors else []))
+
+
+def configuration_table(groups: list[Configuration], metrics: list[str], baseline: Configuration | None) -> str:
+    """Configurations as a table: their values, each metric's mean ± std over the replicates that ran every epoch,
+    and its difference to the baseline paired by seed (95% interval; * where it excludes 0)."""
+    names = sorted({k for g in groups for k in g.sampled})
+    vs = [f"{m} - baseline" for m in metrics] if baseline is not None else []
+    grid = _grid("config", "trials", *names, *metrics, *vs)
+    for g in groups:
+        differences = [("baseline" if g is baseline else str(g.difference(baseline, m))) for m in metrics] \
+            if baseline is not None else []
+        grid.add_row(g.config_id, str(len(g.trials)), *(_short(g.sampled[n]) if n in g.sampled else "-" for n in names),
+                     *(str(g.summary(m)) for m in metrics), *differences)
+    return "\n".join(_render(grid))
+
+
+def _grid(*columns: str) -> Table:
+    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in columns:
+        grid.add_column(column)
+    return grid
+
+
+def _render(grid: Table) -> list[str]:
+    text = io.StringIO()
+    # A terminal gets a table that fits it; a pipe or file one line per row, however wide.
+    Console(file=text, width=None if sys.stdout.isatty() else 100_000, no_color=True, highlight=False).print(grid)
+    return [line.rstrip() for line in text.getvalue().splitlines()]
+
+
+def status(folder: StudyFolder) -> str:
+    """`lapstudy status`: every trial, and with replicates every configuration (mean ± std, difference to the
+    baseline)."""
+    record, space = folder.record(), folder.space()
+    records = load_records(folder)
+    seeds = record.seeds or [record.seed]
+    lines = [f"study {record.name} ({folder.path}): {len(records)} of {record.num_samples * len(seeds)} trials "
+             "started" + (f" ({record.num_samples} configurations x {len(seeds)} seeds)" if len(seeds) > 1 else ""),
+             table(records, record.metric)]
+    groups = configurations(records)
+    if len(seeds) > 1:
+        lines += ["configurations (mean ± std over the replicates that ran every epoch):",
+                  configuration_table(groups, record.metric, baseline_configuration(groups, space))]
+    return "\n".join(lines)
 
 
 def summary(records: list[TrialRecord], space, folder: StudyFolder, top: int = 5) -> str:
     counts = count_statuses(records)
-    best = best_records(records, space.metrics, space.modes)
-    title = "Pareto set" if space.multi_objective else f"best {min(top, len(best))} by {space.metrics[0]}"
     lines = [f"\nstudy {folder.name}: {len(records)} trials, {counts[TrialStatus.COMPLETED]} completed, "
              f"{counts[TrialStatus.EARLY_STOPPED]} stopped early, {counts[TrialStatus.FAILED]} failed"]
-    if best:
-        lines += [f"{title}:", table(best if space.multi_objective else best[:top], space.metrics)]
+    groups = configurations(records)
+    if any(len(g.trials) > 1 for g in groups):
+        best = best_configurations(groups, space.metrics, space.modes)
+        shown = best if space.multi_objective else best[:top]
+        title = "Pareto set" if space.multi_objective else f"best {len(shown)} configurations by mean {space.metrics[0]}"
+        if best:
+            lines += [f"{title}:", configuration_table(shown, space.metrics, baseline_configuration(groups, space))]
+        else:
+            lines.append("no configuration completed every epoch of every replicate")
     else:
-        lines.append("no trial completed every epoch")
+        best = best_records(records, space.metrics, space.modes)
+        title = "Pareto set" if space.multi_objective else f"best {min(top, len(best))} by {space.metrics[0]}"
+        if best:
+            lines += [f"{title}:", table(best if space.multi_objective else best[:top], space.metrics)]
+        else:
+            lines.append("no trial completed every epoch")
     where = folder.path
     lines += ["next:", f"  lapstudy status {where}", f"  lapstudy export {where} --top 3",
+              f"  lapstudy report {where}    (the study's report: {where / 'report' / 'report.html'})",
               f"  lapstudy ui {where}      (MLflow UI: compare trials on {', '.join(space.metrics)} and geometry)"]
     return "\n".join(lines)

@@ -1,12 +1,24 @@
-"""Optuna samplers and Tune schedulers for a search space."""
+"""Optuna samplers and Tune schedulers for a search space, and the replicates of every configuration.
+
+The sampler proposes configurations; `ReplicatedSearch` runs each once per seed, as separate Tune trials that share
+the configuration's id, and tells the sampler one value per configuration: the mean over its replicates. Optuna holds
+one value per trial and objective, and TPE, CMA-ES and NSGA-II all model that value; the mean of N seeds has 1/sqrt(N)
+of one run's seed noise, which is what replicates are for. Its Optuna study lives in a journal file in the study
+folder (`optuna-dashboard optuna.journal` opens it).
+"""
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
+from pathlib import Path
 
 import optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from study.errors import UserError
@@ -73,15 +85,80 @@ class StudySearch(OptunaSearch):
         return super().on_trial_complete(trial_id, result, error)
 
 
-def make_searcher(space: SearchSpace, seed: int) -> OptunaSearch:
+# Keys every trial's config carries besides its sampled values (none is a hyperparameter name).
+CONFIG_ID, REPLICATE, SEED = "config_id", "replicate", "seed"
+JOURNAL_FILE = "optuna.journal"
+
+
+class ReplicatedSearch(Searcher):
+    """Runs every configuration the wrapped searcher proposes once per seed. A configuration's id is the Tune trial
+    id of its first replicate (so with one seed, the wrapped searcher sees Tune's own ids); the wrapped searcher is
+    told the replicates' mean once all of them have finished, and a failure if any of them failed."""
+
+    def __init__(self, searcher: OptunaSearch, seeds: list[int]):
+        super().__init__(metric=searcher.metric, mode=searcher.mode)
+        self.searcher, self.seeds = searcher, list(seeds)
+        self._queue: list[tuple[str, dict, int]] = []  # (configuration id, its values, replicate) still to hand out
+        self._config_of: dict[str, str] = {}  # Tune trial id -> configuration id
+        self._finished: dict[str, dict[str, dict | None]] = {}  # configuration id -> trial id -> result (None: failed)
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return self.searcher.set_search_properties(metric, mode, config, **spec)
+
+    def suggest(self, trial_id: str) -> dict | None:
+        if self._queue:
+            config_id, values, replicate = self._queue.pop(0)
+        else:
+            values = self.searcher.suggest(trial_id)
+            if values is None or values == Searcher.FINISHED:
+                return values
+            config_id, replicate = trial_id, 0
+            self._queue += [(trial_id, values, r) for r in range(1, len(self.seeds))]
+        self._config_of[trial_id] = config_id
+        return {**values, CONFIG_ID: config_id, REPLICATE: replicate, SEED: self.seeds[replicate]}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        config_id = self._config_of.get(trial_id)
+        if config_id is None:
+            return
+        finished = self._finished.setdefault(config_id, {})
+        finished[trial_id] = None if error else (result or {})
+        if len(finished) < len(self.seeds):
+            return
+        if any(r is None for r in finished.values()):
+            self.searcher.on_trial_complete(config_id, None, error=True)
+            return
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        mean = {m: _mean([r.get(m) for r in finished.values()]) for m in metrics}
+        self.searcher.on_trial_complete(config_id, mean)
+
+    # Tune saves a wrapper's own state through get_state/set_state, and the wrapped searcher with its own save.
+    def get_state(self) -> dict:
+        return copy.deepcopy({key: value for key, value in self.__dict__.items() if key != "searcher"})
+
+    def set_state(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+def _mean(values: list) -> float:
+    numbers = [float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan for v in values]
+    return sum(numbers) / len(numbers)  # NaN if any replicate has no finite value: the sampler sees a failure
+
+
+def make_searcher(space: SearchSpace, seed: int, folder: Path) -> ReplicatedSearch:
+    """The study's searcher: the space's sampler (its Optuna study kept in `folder`), each configuration replicated
+    at the space's seeds."""
     multi = space.multi_objective
-    return StudySearch(
+    optuna_search = StudySearch(
         space=DefineByRun(space),
         metric=space.metrics if multi else space.metrics[0],
         mode=space.modes if multi else space.modes[0],
-        points_to_evaluate=[dict(p) for p in space.points_to_evaluate] or None,
+        points_to_evaluate=space.warm_start_points() or None,
         sampler=make_sampler(space, seed),
+        storage=JournalStorage(JournalFileBackend(str(folder / JOURNAL_FILE))),
+        study_name=space.name,
     )
+    return ReplicatedSearch(optuna_search, space.replicate_seeds(seed))
 
 
 def make_scheduler(space: SearchSpace):

@@ -22,6 +22,7 @@ from study.runspec import (
     RunSpec,
     apply_data_overrides,
     check_hyperparameter_names,
+    check_loss,
     check_run_config,
 )
 from study.tasks import GeometrySpec, registered_task, task_class
@@ -188,7 +189,12 @@ class SearchSpace(_Strict):
     mode: Literal["min", "max"] | list[Literal["min", "max"]]
     epochs: int = Field(ge=1)
     seed: int = 0
-    num_samples: int | None = Field(None, ge=1, description="trials to run (default: the grid size for grid, else 10)")
+    num_samples: int | None = Field(None, ge=1, description="configurations to run (default: the grid size for grid, "
+                                    "else 10); each runs once per replicate")
+    replicates: int = Field(1, ge=1, description="runs of every configuration, at seeds seed, seed + 1, ...")
+    seeds: list[int] | None = Field(None, min_length=1, description="the replicates' seeds, instead of replicates")
+    baseline: dict[str, Scalar] | None = Field(None, description="the configuration the others are compared with, "
+                                               "paired by seed: a value for each of its searched parameters")
     sampler: Sampler = Sampler()
     scheduler: Scheduler = Scheduler()
     geometry: GeometrySpec = GeometrySpec()
@@ -209,7 +215,58 @@ class SearchSpace(_Strict):
         self._check_sampler()
         for i, point in enumerate(self.points_to_evaluate):
             self._check_point(point, f"points_to_evaluate[{i}]")
+        self._check_replicates()
+        losses = self._values_of("loss")
+        for loss in losses:
+            check_loss(loss, self.task, self.dataset, self._where().get("loss", "fixed.loss"))
         return self
+
+    def _values_of(self, name: str) -> list:
+        """Every value the space can give `name` (its fixed value or its choices); [] for a range or no such name."""
+        found = [self.fixed[name]] if name in self.fixed else []
+        for parameters in [self.parameters, *(group.parameters for group in self.conditional)]:
+            if name in parameters and isinstance(parameters[name], Categorical):
+                found += parameters[name].choices
+        found += [group.fixed[name] for group in self.conditional if name in group.fixed]
+        return found
+
+    # ---- replicates and the baseline -----------------------------------------------------------------------------
+
+    def _check_replicates(self):
+        if self.seeds is not None:
+            if self.replicates not in (1, len(self.seeds)):
+                raise ValueError(f"seeds: {len(self.seeds)} seeds but replicates: {self.replicates}; give one of them")
+            if len(set(self.seeds)) != len(self.seeds):
+                raise ValueError(f"seeds: each seed once, got {self.seeds}")
+        if len(self.seeds or range(self.replicates)) > 1 and self.scheduler.kind != "none":
+            # ASHA judges every trial on its own: it would stop a configuration's unlucky seeds and keep its lucky
+            # ones, and the mean over the survivors would flatter it.
+            raise ValueError("scheduler: asha judges each seed's trial alone, which biases a configuration's mean "
+                             "over its replicates; with replicates use scheduler: none")
+        if self.baseline is not None:
+            self._check_point(self.baseline, "baseline")
+            missing = [name for name in self._active_parameters({**self.fixed, **self.baseline})
+                       if name not in self.baseline]
+            if missing:
+                raise ValueError(f"baseline: give every parameter searched for it; missing {', '.join(missing)}")
+
+    def replicate_seeds(self, study_seed: int) -> list[int]:
+        """The seeds every configuration runs at: the space's `seeds`, else `replicates` seeds from the study's."""
+        return list(self.seeds) if self.seeds is not None else [study_seed + i for i in range(self.replicates)]
+
+    def warm_start_points(self) -> list[dict]:
+        """What the sampler evaluates first: the baseline (unless the grid covers it, or it is listed), then the
+        space's points_to_evaluate."""
+        points = [dict(p) for p in self.points_to_evaluate]
+        if self.baseline is not None and self.sampler.kind != "grid" and self.baseline not in points:
+            points.insert(0, dict(self.baseline))
+        return points
+
+    def is_baseline(self, sampled: dict) -> bool:
+        """Whether a trial's sampled values are the baseline configuration's."""
+        return self.baseline is not None and all(
+            k in sampled and sampled[k] == v and isinstance(sampled[k], bool) == isinstance(v, bool)
+            for k, v in self.baseline.items())
 
     # ---- objectives ---------------------------------------------------------------------------------------------
 
@@ -352,6 +409,15 @@ class SearchSpace(_Strict):
                 names += list(group.parameters)
         return names
 
+    def judged_epochs(self) -> tuple[int, ...]:
+        """The epochs at which ASHA judges a trial (its rungs: grace_period * reduction_factor^k up to epochs, the
+        first epoch at or after each); none without ASHA."""
+        if self.scheduler.kind != "asha":
+            return ()
+        grace, factor = self.scheduler.grace_period, self.scheduler.reduction_factor
+        rungs = int(math.log(self.epochs / grace) / math.log(factor) + 1)  # as Ray's ASHA bracket counts them
+        return tuple(sorted({math.ceil(grace * factor ** k) for k in range(rungs)} - {self.epochs}))
+
     def run_spec(self, hyperparameters: dict, resources: Resources, seed: int | None = None, provenance=None) -> RunSpec:
         return RunSpec(
             task=self.task,
@@ -359,7 +425,7 @@ class SearchSpace(_Strict):
             epochs=self.epochs,
             seed=self.seed if seed is None else seed,
             hyperparameters=hyperparameters,
-            geometry=self.geometry,
+            geometry=self.geometry.model_copy(update={"at_epochs": self.judged_epochs()}),
             resources=resources,
             provenance=provenance or {},
         )
@@ -404,11 +470,14 @@ class SearchSpace(_Strict):
 
     def _corner_configs(self):
         """(sampled values, location to blame) for the points a space must be able to build."""
-        for i, point in enumerate(self.points_to_evaluate):
+        named = [(point, f"points_to_evaluate[{i}]") for i, point in enumerate(self.points_to_evaluate)]
+        if self.baseline is not None:
+            named.append((self.baseline, "baseline"))
+        for point, where in named:
             sampled = dict(point)
             for name, value in self._first_values(sampled).items():
                 sampled.setdefault(name, value)
-            yield sampled, f"points_to_evaluate[{i}]"
+            yield sampled, where
         combos = self._all_corners()
         if combos is None:  # too many: vary one parameter at a time around the first corner
             base = self._first_values({})

@@ -16,12 +16,17 @@ from study.runspec import RunSpec
 from study.status import TrialStatus
 from study.tracking import (
     METRICS_PER_BATCH,
+    TAG_CONFIG,
     TAG_ERROR,
+    TAG_REPLICATE,
     TAG_STATUS,
+    TAG_STUDY_RUN,
     TAG_TRIAL,
     RunLogger,
+    TrackingTarget,
     close_run,
     epoch_metrics,
+    find_study_run,
     find_trial_run,
     local_store,
     open_experiment,
@@ -64,7 +69,7 @@ def sync_runs(folder: StudyFolder, tracking_uri: str, experiment_id: str, record
         client = MlflowClient(tracking_uri)
         running = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_STATUS}` = '{TrialStatus.RUNNING}'")
         for run in running:
-            if run.data.tags.get(TAG_TRIAL) not in by_id:
+            if run.data.tags.get(TAG_STUDY_RUN) != "true" and run.data.tags.get(TAG_TRIAL) not in by_id:
                 client.log_batch(run.info.run_id, tags=[RunTag(TAG_STATUS, TrialStatus.FAILED.value), RunTag(
                     TAG_ERROR, "trial lost with its study driver before Ray recorded it; the study ran its "
                                "configuration again as another trial")])
@@ -85,9 +90,11 @@ def _sync_trial(folder: StudyFolder, tracking_uri: str, experiment_id: str, reco
         path = folder.trial_config(record.trial_id)
         spec = validate(RunSpec, load_yaml(path, "trial config"), prefix=f"{path}: ")
         num_params = int(next(iter(reported.values())).get("num_params", 0))
-        logger = RunLogger(tracking_uri, experiment_id, trial_id=record.trial_id, run_name=record.name,
-                           study=folder.name, params=run_params(spec, num_params),
-                           config_yaml=dump_yaml(spec.document()))
+        replicate = {TAG_CONFIG: str(spec.provenance.get("config_id", record.trial_id)),
+                     TAG_REPLICATE: str(spec.provenance.get("replicate", 0))}
+        target = TrackingTarget(tracking_uri, experiment_id, record.name, record.trial_id, folder.name,
+                                parent_run_id=find_study_run(client, experiment_id), tags=replicate)
+        logger = RunLogger(target, run_params(spec, num_params), dump_yaml(spec.document()))
         if logger.run_id is None:
             raise ConnectionError("the run could not be created")
         run_id = logger.run_id

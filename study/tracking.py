@@ -34,10 +34,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # MLflow prints "View run ... at: <tracking URI>" when a run ends: noise, and a leak of credentials in the URI.
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
 
 from study.errors import UserError  # noqa: E402
 from study.runspec import RunSpec  # noqa: E402
@@ -50,12 +52,17 @@ TAG_STUDY = "lapstudy.study"
 TAG_STATUS = "lapstudy.status"
 TAG_ERROR = "lapstudy.error"
 TAG_CHECKPOINT = "lapstudy.checkpoint"
+TAG_CONFIG, TAG_REPLICATE = "lapstudy.config_id", "lapstudy.replicate"
+TAG_STUDY_RUN = "lapstudy.study_run"  # "true" on the study's own run, the parent of its trial runs
+# The MLflow UI opens an experiment in the layout its kind names: model training, not GenAI.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 # How MLflow clients authenticate (https://mlflow.org/docs/latest/auth): handed to the Train workers in memory.
 MLFLOW_CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
                                "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
 _CREDENTIALS = re.compile(r"(\w+://)[^/\s@]+@")
 # What the training loop reports to Ray besides the epoch's metrics (Ray's records only, not MLflow metrics).
 RAY_ONLY_KEYS = frozenset({"mlflow_run_id", "resumed_from_epoch", "worker_node_id", "worker_pid", "checkpoint_path"})
+SYSTEM_METRICS_EVERY_S = 5  # MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides it
 # MLflow caps a param value at 6000 characters and a batch at 100 params / 1000 metrics.
 MAX_PARAM_CHARS, PARAMS_PER_BATCH, METRICS_PER_BATCH = 6000, 100, 1000
 
@@ -89,12 +96,14 @@ def check_store(tracking_uri: str, name: str, *, must_be_new: bool) -> str | Non
 
 
 def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None, *, must_be_new: bool) -> str:
-    """The experiment's id, created if needed (same errors as `check_store`)."""
+    """The experiment's id, created if needed and marked as model training (same errors as `check_store`)."""
     experiment_id = check_store(tracking_uri, name, must_be_new=must_be_new)
-    if experiment_id is not None:
-        return experiment_id
     try:
-        return MlflowClient(tracking_uri).create_experiment(name, artifact_location=artifact_location)
+        client = MlflowClient(tracking_uri)
+        if experiment_id is None:
+            experiment_id = client.create_experiment(name, artifact_location=artifact_location)
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+        return experiment_id
     except Exception as exc:  # noqa: BLE001
         raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({short_error(exc)})") from None
 
@@ -124,6 +133,34 @@ def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> s
         [experiment_id], filter_string=f"tags.`{TAG_TRIAL}` = '{trial_id}'", max_results=2, order_by=["attributes.start_time ASC"]
     )
     return runs[0].info.run_id if runs else None
+
+
+def find_study_run(client: MlflowClient, experiment_id: str) -> str | None:
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_STUDY_RUN}` = 'true'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def open_study_run(tracking_uri: str, experiment_id: str, study: str, params: dict[str, str],
+                   tags: dict[str, str], files: list[Path]) -> str:
+    """The study's own run, the parent of its trial runs: created with the study's settings as params, `tags`
+    (provenance) and `files` as artifacts; found again by its tag when the study resumes, and running again."""
+    try:
+        client = MlflowClient(tracking_uri)
+        run_id = find_study_run(client, experiment_id)
+        if run_id is not None:
+            if client.get_run(run_id).info.status != "RUNNING":
+                client.update_run(run_id, status="RUNNING")
+            return run_id
+        run = client.create_run(experiment_id, run_name=f"study_{study}",
+                                tags={TAG_STUDY: study, TAG_STUDY_RUN: "true", **tags})
+        items = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in params.items()]
+        for start in range(0, len(items), PARAMS_PER_BATCH):
+            client.log_batch(run.info.run_id, params=items[start:start + PARAMS_PER_BATCH])
+        for path in files:
+            client.log_artifact(run.info.run_id, str(path))
+        return run.info.run_id
+    except Exception as exc:  # noqa: BLE001
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({short_error(exc)})") from None
 
 
 def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, trial_id: str | None, status: TrialStatus,
@@ -171,6 +208,8 @@ class TrackingTarget:
     run_name: str
     trial_id: str | None  # None for `lapstudy train`: always a new run
     study: str | None
+    parent_run_id: str | None = None  # the study's own run, under which MLflow nests the trial runs
+    tags: dict = field(default_factory=dict)  # more tags of a new run (its configuration id and replicate)
 
 
 def run_params(spec: RunSpec, num_params: int, data: dict | None = None) -> dict[str, str]:
@@ -196,19 +235,22 @@ def flat_params(hyperparameters: dict, extra: dict) -> dict[str, str]:
 
 class RunLogger:
     """The rank-0 worker's handle on its MLflow run. Every call is best-effort: failures are logged once, metrics
-    are kept and retried with the next epoch, training never waits on the tracking server for long."""
+    are kept and retried with the next epoch, training never waits on the tracking server for long.
+    `system_metrics`: MLflow's monitor logs the machine's CPU, memory, disk, network (and GPU, where NVML answers)
+    to the run as `system/*` until `close()`."""
 
-    def __init__(self, tracking_uri: str | None, experiment_id: str | None, *, trial_id: str | None, run_name: str,
-                 study: str | None, params: dict[str, str], config_yaml: str, run_id: str | None = None):
-        self.tracking_uri, self.experiment_id = tracking_uri, experiment_id
-        self.trial_id, self.run_name, self.study = trial_id, run_name, study
-        self.params, self.config_yaml = params, config_yaml
-        self.run_id = run_id
+    def __init__(self, target: TrackingTarget, params: dict[str, str], config_yaml: str, *,
+                 system_metrics: bool = False):
+        self.target, self.params, self.config_yaml = target, params, config_yaml
+        self.experiment_id, self.trial_id = target.experiment_id, target.trial_id
+        self.run_id: str | None = None
         self._logged_steps: set[int] = set()
         self._pending: list[Metric] = []
         self._warned = False
         self._ready = False
-        self._client = MlflowClient(tracking_uri) if tracking_uri else None
+        self._client = MlflowClient(target.tracking_uri) if target.tracking_uri else None
+        self._system_metrics = system_metrics
+        self._monitor = None
         self._connect()
 
     @property
@@ -227,12 +269,14 @@ class RunLogger:
                 self.run_id = find_trial_run(client, self.experiment_id, self.trial_id)
             created = self.run_id is None
             if created:
-                tags = {TAG_STATUS: TrialStatus.RUNNING.value}
+                tags = {TAG_STATUS: TrialStatus.RUNNING.value, **self.target.tags}
                 if self.trial_id is not None:
                     tags[TAG_TRIAL] = self.trial_id
-                if self.study is not None:
-                    tags[TAG_STUDY] = self.study
-                run = client.create_run(self.experiment_id, run_name=self.run_name, tags=tags)
+                if self.target.study is not None:
+                    tags[TAG_STUDY] = self.target.study
+                if self.target.parent_run_id:
+                    tags[MLFLOW_PARENT_RUN_ID] = self.target.parent_run_id  # the study's run: MLflow nests it
+                run = client.create_run(self.experiment_id, run_name=self.target.run_name, tags=tags)
                 self.run_id = run.info.run_id
                 items = list(self.params.items())
                 for start in range(0, len(items), PARAMS_PER_BATCH):
@@ -248,6 +292,10 @@ class RunLogger:
                     client.set_tag(self.run_id, TAG_STATUS, TrialStatus.RUNNING.value)
                 self._logged_steps = {m.step for m in client.get_metric_history(self.run_id, "epoch")}
             self._ready = True
+            if self._system_metrics:
+                self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_EVERY_S,
+                                                     resume_logging=not created, tracking_uri=self.target.tracking_uri)
+                self._monitor.start()
             return True
         except Exception as exc:  # noqa: BLE001
             self._warn("connect", exc)
@@ -290,6 +338,12 @@ class RunLogger:
             self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
         except Exception as exc:  # noqa: BLE001
             self._warn("set tags", exc)
+
+    def close(self) -> None:
+        """Stop the system-metrics monitor (the run itself is ended by whoever knows its final status)."""
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
 
     def _warn(self, what: str, exc: Exception) -> None:
         if not self._warned:

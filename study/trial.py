@@ -12,8 +12,9 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from study.data import load_task_data
 from study.folder import StudyFolder
 from study.runspec import Resources, complete_hyperparameters
+from study.search import CONFIG_ID, REPLICATE, SEED
 from study.space import SearchSpace
-from study.tracking import TrackingTarget
+from study.tracking import TAG_CONFIG, TAG_REPLICATE, TrackingTarget
 from study.trainer import build_trainer
 from study.yamlio import dump_yaml
 
@@ -28,6 +29,7 @@ class StudyContext:
     resources: Resources
     tracking_uri: str
     experiment_id: str
+    study_run_id: str  # the study's MLflow run, parent of the trial runs
     max_failures: int  # retries of a trial's workers after a crash or a lost node
     worker_resources: dict = field(default_factory=dict)  # custom Ray resources each Train worker asks for
 
@@ -41,10 +43,13 @@ def trial_driver(config: dict, study: StudyContext) -> None:
     context = tune.get_context()
     trial_id, name = context.get_trial_id(), context.get_trial_name()
     space = study.space
-    task_data = load_task_data(space.task, space.dataset, seed=study.seed)
+    seed = config.get(SEED, study.seed)  # the replicate's seed (studies started before replicates: the study's)
+    replicate = {"config_id": config.get(CONFIG_ID, trial_id), "replicate": config.get(REPLICATE, 0)}
+    task_data = load_task_data(space.task, space.dataset, seed=seed)
     hyperparameters = complete_hyperparameters(space.resolve(config), task_data.model_overrides, space.task)
-    spec = space.run_spec(hyperparameters, study.resources, seed=study.seed,
-                          provenance={"study": study.folder.name, "trial_id": trial_id, "trial_name": name})
+    spec = space.run_spec(hyperparameters, study.resources, seed=seed,
+                          provenance={"study": study.folder.name, "trial_id": trial_id, "trial_name": name,
+                                      **replicate})
     record = study.folder.trial_config(trial_id)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(dump_yaml(spec.document()))
@@ -52,7 +57,9 @@ def trial_driver(config: dict, study: StudyContext) -> None:
         spec, task_data,
         name=name,  # fixed per trial: a restarted trial finds its checkpoints again
         storage_path=study.folder.train_dir,
-        tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id, study.folder.name),
+        tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id, study.folder.name,
+                                parent_run_id=study.study_run_id,
+                                tags={TAG_CONFIG: replicate["config_id"], TAG_REPLICATE: str(replicate["replicate"])}),
         callbacks=[TuneReportCallback()],
         max_failures=study.max_failures,
         worker_resources=study.worker_resources,

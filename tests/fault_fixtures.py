@@ -355,6 +355,8 @@ def mlflow_runs(tracking_uri: str, experiment: str) -> dict[str, list[dict]]:
         return {}
     runs: dict[str, list[dict]] = {}
     for run in client.search_runs([found.experiment_id], max_results=1000):
+        if run.data.tags.get("lapstudy.study_run") == "true":
+            continue  # the study's own run: study_run() reads it
         history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
                    for key in run.data.metrics}
         runs.setdefault(run.data.tags.get("lapstudy.trial_id"), []).append({
@@ -362,6 +364,17 @@ def mlflow_runs(tracking_uri: str, experiment: str) -> dict[str, list[dict]]:
             "params": dict(run.data.params), "history": history,
         })
     return runs
+
+
+def study_run(tracking_uri: str, experiment: str) -> dict:
+    """The study's own MLflow run (the parent of its trial runs): id, status, tags, params."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    [run] = client.search_runs([found.experiment_id], filter_string="tags.`lapstudy.study_run` = 'true'")
+    return {"run_id": run.info.run_id, "status": run.info.status, "tags": dict(run.data.tags),
+            "params": dict(run.data.params)}
 
 
 def study_records(study_dir: Path, experiment: str, tracking_uri: str | None = None) -> tuple[dict, dict]:

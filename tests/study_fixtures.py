@@ -65,12 +65,14 @@ def tune_trials(study_dir: Path) -> dict[str, list[dict]]:
     return trials
 
 
-def mlflow_runs(tracking_uri: str, experiment: str) -> list:
+def mlflow_runs(tracking_uri: str, experiment: str, *, study_run: bool = False) -> list:
+    """The experiment's trial runs (`study_run`: its study's own run instead, the parent of the trial runs)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
-    return client.search_runs([found.experiment_id]) if found else []
+    runs = client.search_runs([found.experiment_id]) if found else []
+    return [run for run in runs if (run.data.tags.get("lapstudy.study_run") == "true") == study_run]
 
 
 def metric_history(tracking_uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -13,13 +13,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_worker_logger_sends_what_it_kept_when_the_server_is_back(tmp_path):
-    from study.tracking import RunLogger, ensure_experiment
+    from study.tracking import RunLogger, TrackingTarget, ensure_experiment
 
     port = free_port()
     with mlflow_server(tmp_path / "store", port, tmp_path / "server.log") as server:
         experiment = ensure_experiment(server.url, "outage", None, must_be_new=True)
-        logger = RunLogger(server.url, experiment, trial_id="t1", run_name="trial_t1", study="outage",
-                           params={"lr": "0.001"}, config_yaml="hyperparameters: {lr: 0.001}\n")
+        logger = RunLogger(TrackingTarget(server.url, experiment, "trial_t1", "t1", "outage"), {"lr": "0.001"},
+                           "hyperparameters: {lr: 0.001}\n")
         logger.log_epoch(1, {"epoch": 1, "val_acc": 0.5, "train_loss": 1.0})
         server.stop()
         started = time.monotonic()

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
 
+from fault_fixtures import processes_using
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -45,7 +53,27 @@ LM_GEOMETRY = ("geom_within_target_var", "geom_between_target_var", "geom_betwee
 
 
 @pytest.fixture(scope="module")
-def vit_study(tmp_path_factory, ray_address):
+def another_ray_instance(tmp_path_factory):
+    """A second, idle Ray instance on the machine (another user's study, a notebook): Ray's State API, which frees
+    the placement groups of the trials ASHA stops, must still find the study's own cluster, or the trials after a
+    stopped one wait for CPUs forever."""
+    folder = Path(tempfile.mkdtemp(prefix="lso", dir="/tmp"))
+    script = "import ray, sys, time; ray.init(num_cpus=1, include_dashboard=False); print('up', flush=True); time.sleep(3600)"
+    process = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "RAY_TMPDIR": str(folder)},
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert process.stdout.readline().strip() == "up"
+        yield
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+        for leftover in processes_using(str(folder)):
+            os.kill(leftover.pid, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def vit_study(tmp_path_factory, ray_address, another_ray_instance):
     root = tmp_path_factory.mktemp("vit")
     write_yaml(root / "space.yaml", VIT_SPACE)
     # Typed as a user types them: relative to the folder they work in, a trailing slash on the storage.
@@ -103,12 +131,15 @@ def test_completed_trials_record_geometry_and_pictures(vit_study):
     assert run.data.tags["lapstudy.status"] == "completed" and run.info.status == "FINISHED"
     for key in CLASSIFICATION_GEOMETRY:
         assert key in run.data.metrics, key
-        assert metric_history(vit_study["uri"], run.info.run_id, key)[-1][0] == EPOCHS
+        assert [step for step, _ in metric_history(vit_study["uri"], run.info.run_id, key)] == [2, 4, EPOCHS]
     parts = (run.data.metrics["geom_within_seq_var"] + run.data.metrics["geom_within_class_var"]
              + run.data.metrics["geom_between_class_var"])
     assert math.isclose(parts, run.data.metrics["geom_total_var"], rel_tol=1e-9)  # ANOVA identity, end to end
     pictures = {a.path for a in _artifacts(vit_study["uri"], run.info.run_id, "geometry")}
-    assert pictures == {"geometry/pca.png", "geometry/variance.png"}
+    layers = {f"geometry/layers_{name}.png" for name in ("within_seq_var", "within_class_var", "between_class_var",
+                                                         "between_class_frac", "nc1")}
+    rungs = {f"geometry/epoch_{epoch:04d}" for epoch in (2, 4)}  # ASHA's rungs before the last epoch
+    assert pictures == {"geometry/pca.png", "geometry/variance.png", *layers, *rungs}
     assert _read_artifact(vit_study["uri"], run.info.run_id, "geometry/pca.png", binary=True)[:4] == b"\x89PNG"
 
 
@@ -118,6 +149,10 @@ def test_asha_stops_the_bad_trial_early(vit_study):
     assert rows[-1]["epoch"] == VIT_SPACE["scheduler"]["grace_period"] < EPOCHS
     run = _run_of(vit_study, bad)
     assert run.data.tags["lapstudy.status"] == "early_stopped" and run.info.status == "KILLED"
+    # its geometry where ASHA judged it, the last layer's and every layer's
+    judged = VIT_SPACE["scheduler"]["grace_period"]
+    for key in (*CLASSIFICATION_GEOMETRY, "geom_l0_between_class_frac", "geom_l3_nc1"):
+        assert [step for step, _ in metric_history(vit_study["uri"], run.info.run_id, key)] == [judged], key
 
 
 def test_status_shows_every_trial(vit_study):

@@ -215,14 +215,14 @@ def test_cli_reports_user_errors_in_one_line_and_leaves_an_existing_study_alone(
 def test_run_logger_keeps_one_run_per_trial_and_logs_each_epoch_once(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import TAG_TRIAL, RunLogger, close_run, ensure_experiment, local_store
+    from study.tracking import TAG_TRIAL, RunLogger, TrackingTarget, close_run, ensure_experiment, local_store
 
     uri, artifacts = local_store(tmp_path)
     experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
 
     def logger():
-        return RunLogger(uri, experiment, trial_id="abc_00001", run_name="trial_abc_00001", study="s",
-                         params={"lr": "0.001", "k": "2"}, config_yaml="task: classification\n")
+        return RunLogger(TrackingTarget(uri, experiment, "trial_abc_00001", "abc_00001", "s"),
+                         {"lr": "0.001", "k": "2"}, "task: classification\n")
 
     first = logger()
     first.log_epoch(1, {"val_acc": 0.5, "train_loss": 1.0})
@@ -245,11 +245,11 @@ def test_run_logger_keeps_one_run_per_trial_and_logs_each_epoch_once(tmp_path):
 
 
 def test_run_logger_survives_an_unreachable_tracking_server(monkeypatch):
-    from study.tracking import RunLogger
+    from study.tracking import RunLogger, TrackingTarget
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    logger = RunLogger("http://127.0.0.1:9", "0", trial_id="t", run_name="t", study="s", params={}, config_yaml="")
+    logger = RunLogger(TrackingTarget("http://127.0.0.1:9", "0", "t", "t", "s"), {}, "")
     logger.log_epoch(1, {"val_acc": 0.5})  # must neither raise nor lose the metrics
     assert logger.run_id is None and len(logger._pending) == 2
 

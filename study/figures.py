@@ -1,0 +1,135 @@
+"""The report's figures (matplotlib, written as PNG): metrics against the searched parameters with replicate error
+bars, geometry against the parameters and over the epochs, the metric against the geometry, per-layer heatmaps,
+parameter importance and the Pareto front."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display where reports are made
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from study.plots import layer_heatmap  # noqa: E402
+
+COLOURS = plt.get_cmap("tab10")
+
+
+def _positions(values: list) -> tuple[list[float], list[str] | None]:
+    """x positions of parameter values: the numbers themselves, or indices for categorical values."""
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        return [float(v) for v in values], None
+    labels = sorted({str(v) for v in values})
+    return [float(labels.index(str(v))) for v in values], labels
+
+
+def _errorbar_panel(ax, points: list[tuple], name: str, ylabel: str) -> None:
+    """points: (x value, mean, std, group) per configuration; one colour per group."""
+    xs, ticks = _positions([p[0] for p in points])
+    groups = sorted({str(p[3]) for p in points})
+    for index, group in enumerate(groups):
+        chosen = [(x, p) for x, p in zip(xs, points) if str(p[3]) == group]
+        ax.errorbar([x for x, _ in chosen], [p[1] for _, p in chosen],
+                    yerr=[0.0 if not math.isfinite(p[2]) else p[2] for _, p in chosen], fmt="o", capsize=3,
+                    color=COLOURS(index % 10), label=group if len(groups) > 1 else None)
+    if ticks:
+        ax.set_xticks(range(len(ticks)), ticks, rotation=30, fontsize=7)
+    ax.set_xlabel(name)
+    ax.set_ylabel(ylabel, fontsize=8)
+    if len(groups) > 1:
+        ax.legend(fontsize=6, frameon=False)
+
+
+def against_parameters(panels: dict[str, dict[str, list[tuple]]], path: Path, title: str) -> Path:
+    """A grid: one row per quantity, one column per parameter; each panel `panels[quantity][parameter]` holds
+    (value, mean, std, group) per configuration."""
+    quantities = list(panels)
+    parameters = list(next(iter(panels.values())))
+    fig, axes = plt.subplots(len(quantities), len(parameters), squeeze=False, dpi=110,
+                             figsize=(3.4 * len(parameters) + 0.5, 2.6 * len(quantities) + 0.6))
+    for row, quantity in enumerate(quantities):
+        for column, parameter in enumerate(parameters):
+            _errorbar_panel(axes[row][column], panels[quantity][parameter], parameter, quantity)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def trajectories(series: dict[str, list[tuple[str, list[int], list[float]]]], path: Path, title: str) -> Path:
+    """One panel per quantity: a line per trial (label, epochs, values)."""
+    names = list(series)
+    fig, axes = plt.subplots(1, len(names), squeeze=False, dpi=110, figsize=(3.6 * len(names) + 0.5, 3.2))
+    for ax, name in zip(axes[0], names):
+        labels = sorted({label for label, _, _ in series[name]})
+        for label, epochs, values in series[name]:
+            ax.plot(epochs, values, marker=".", color=COLOURS(labels.index(label) % 10), alpha=0.8,
+                    label=label)
+        handles, seen = [], set()
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in seen:
+                seen.add(label)
+                handles.append((handle, label))
+        if 1 < len(handles) <= 12:
+            ax.legend(*zip(*handles), fontsize=6, frameon=False)
+        ax.set_xlabel("epoch")
+        ax.set_title(name, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylabel: str, path: Path, title: str) -> Path:
+    """One panel per (x name, x values, y values, caption)."""
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, dpi=110, figsize=(3.6 * len(panels) + 0.5, 3.4))
+    for ax, (name, xs, ys, caption) in zip(axes[0], panels):
+        ax.scatter(xs, ys, s=18, color=COLOURS(0))
+        ax.set_xlabel(name)
+        ax.set_ylabel(ylabel)
+        ax.set_title(caption, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def bars(values: dict[str, float], path: Path, title: str, xlabel: str) -> Path:
+    names = list(values)
+    fig, ax = plt.subplots(figsize=(5.5, 0.45 * len(names) + 1.2), dpi=110)
+    ax.barh(names, [values[n] for n in names], color=COLOURS(0))
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def pareto(points: list[tuple[float, float, bool]], names: tuple[str, str], path: Path, title: str) -> Path:
+    """Configurations' means on two objectives; those on the Pareto front marked."""
+    fig, ax = plt.subplots(figsize=(5, 4), dpi=110)
+    for front, colour, label in ((False, "#999999", "dominated"), (True, "#c44e52", "Pareto front")):
+        chosen = [(x, y) for x, y, on in points if on == front]
+        if chosen:
+            ax.scatter(*zip(*chosen), color=colour, label=label, s=24)
+    ax.set_xlabel(names[0])
+    ax.set_ylabel(names[1])
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def layers_by_trial(values: np.ndarray, trials: list[str], path: Path, title: str) -> Path:
+    return layer_heatmap(values, trials, path, title, "trial")

@@ -1,0 +1,240 @@
+"""A study with replicates, a baseline and geometry, its driver killed mid-way and resumed; then what the study
+promises a researcher: every configuration at every seed, one MLflow run per trial under one study run, replicates
+grouped by `status` and `export`, and a report that a real browser renders with every figure, whose summary numbers
+match an independent computation from Ray's records. (The geometry of trials ASHA stops is checked in
+test_study_e2e.py: with replicates a space runs every seed to the end.)"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from fault_fixtures import (
+    Lapstudy,
+    mlflow_runs,
+    private_ray_tmp,
+    process_tree,
+    run_lapstudy,
+    settled,
+    study_env,
+    study_run,
+    tiny_space,
+    tune_results,
+    wait_for,
+    write_space,
+)
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 4
+BASELINE, GOOD, BAD = {"lr": 3.0e-3, "k": 0}, {"lr": 3.0e-3, "k": 2}, {"lr": 1.0e-6, "k": 2}
+SPACE = tiny_space(
+    name="replicated", epochs=EPOCHS, num_samples=3, replicates=2, baseline=BASELINE,
+    sampler={"kind": "tpe", "n_startup_trials": 3}, scheduler="none",
+    geometry={"max_batches": 2, "pca_points": 100},
+    parameters={"lr": {"type": "log_float", "low": 1.0e-6, "high": 1.0e-2}, "k": {"type": "int", "low": 0, "high": 4}},
+    points_to_evaluate=[GOOD, BAD],
+)
+FIGURES = {"metrics_vs_parameters.png", "geometry_vs_parameters.png", "geometry_over_epochs.png",
+           "metric_vs_geometry.png", "importance.png"}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replicated")
+    write_space(root / "replicated.yaml", SPACE)
+    args = ["run", "replicated.yaml", "--storage", "studies", "--max-concurrent", "1"]
+    state = SimpleNamespace(root=root, dir=root / "studies" / "replicated")
+    with private_ray_tmp("lsr") as ray_tmp:
+        env = study_env(ray_tmp)
+        first = Lapstudy(args, env, root / "first.log", cwd=root)
+        try:
+            def two_trials_done():
+                assert not first.finished(), "the study ended before the kill:\n" + first.log()
+                rows = tune_results(state.dir)
+                return sum(1 for r in rows.values() if r[-1]["epoch"] == EPOCHS) >= 2
+            wait_for(two_trials_done, 400, "the baseline's two replicates to finish")
+            recorded = process_tree(first.pid)
+            os.kill(first.pid, signal.SIGKILL)
+            first.process.wait(30)
+        finally:
+            first.close()
+        settled(recorded[1:])
+        resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log", cwd=root)
+        try:
+            assert resumed.wait(600) == 0, resumed.log()
+            state.log = resumed.log(20000)
+        finally:
+            resumed.close()
+        state.env = env
+        state.status = run_lapstudy(["status", "studies/replicated"], env, timeout=120, cwd=root)
+        state.export = run_lapstudy(["export", "studies/replicated", "--top", "1", "--out", "best"], env,
+                                    timeout=120, cwd=root)
+    state.rows = tune_results(state.dir)
+    state.mlflow = mlflow_runs(f"sqlite:///{state.dir / 'mlflow.db'}", "replicated")
+    return state
+
+
+def _configurations(rows: dict[str, list[dict]]) -> dict[str, dict]:
+    """Ray's records grouped by configuration, computed here: values, and the final metric of each seed whose run
+    reached the last epoch."""
+    found: dict[str, dict] = {}
+    for trial, trial_rows in rows.items():
+        config = trial_rows[0]["config"]
+        group = found.setdefault(config["config_id"], {"id": config["config_id"], "trials": {}, "final": {},
+                                                       "values": {"lr": config["lr"], "k": config["k"]}})
+        group["trials"][config["seed"]] = trial
+        if trial_rows[-1]["epoch"] == EPOCHS:
+            group["final"][config["seed"]] = trial_rows[-1]
+    return found
+
+
+def _which(configurations: dict, values: dict) -> dict:
+    [group] = [g for g in configurations.values() if all(math.isclose(g["values"][k], v) for k, v in values.items())]
+    return group
+
+
+def test_every_configuration_ran_once_at_every_seed(study):
+    configurations = _configurations(study.rows)
+    assert len(study.rows) == 3 * 2 and len(configurations) == 3
+    for group in configurations.values():
+        assert sorted(group["trials"]) == [0, 1]
+    assert all(sorted(group["final"]) == [0, 1] for group in configurations.values())
+
+
+def test_one_mlflow_run_per_trial_under_one_study_run(study):
+    runs = study.mlflow
+    parent = study_run(f"sqlite:///{study.dir / 'mlflow.db'}", "replicated")
+    assert parent["status"] == "FINISHED" and "lapstudy.error" not in parent["tags"]
+    assert parent["params"]["num_samples"] == "3" and yaml.safe_load(parent["params"]["seeds"]) == [0, 1]
+    for package in ("torch", "ray", "optuna", "mlflow"):
+        assert parent["tags"][f"lapstudy.version.{package}"], package
+    assert set(runs) == set(study.rows)
+    for trial, trial_runs in runs.items():
+        (run,) = trial_runs
+        assert run["tags"]["mlflow.parentRunId"] == parent["run_id"], trial
+        assert run["tags"]["lapstudy.config_id"] == study.rows[trial][0]["config"]["config_id"]
+        assert any(key.startswith("system/") for key in run["history"]), f"no system metrics in {trial}"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{study.dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("replicated")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    reported = {a.path for a in client.list_artifacts(parent["run_id"], "report")}
+    assert "report/report.html" in reported and {f"report/{name}" for name in FIGURES} <= reported
+
+
+def _summary(group: dict, metric: str = "val_acc") -> tuple[float, float, int]:
+    values = [row[metric] for row in group["final"].values()]
+    return float(np.mean(values)), float(np.std(values, ddof=1)), len(values)
+
+
+def _paired(group: dict, baseline: dict, metric: str = "val_acc") -> tuple[float, float, float]:
+    seeds = sorted(set(group["final"]) & set(baseline["final"]))
+    differences = np.array([group["final"][s][metric] - baseline["final"][s][metric] for s in seeds])
+    half = stats.t.ppf(0.975, len(seeds) - 1) * differences.std(ddof=1) / math.sqrt(len(seeds))
+    return float(differences.mean()), float(differences.mean() - half), float(differences.mean() + half)
+
+
+def test_status_groups_the_replicates(study):
+    assert study.status.returncode == 0, study.status.stderr
+    text = study.status.stdout
+    assert "6 of 6 trials started (3 configurations x 2 seeds)" in text
+    table = text[text.index("configurations (mean"):].splitlines()
+    for group in _configurations(study.rows).values():
+        [line] = [line for line in table if line.split() and line.split()[0] == group["id"]]
+        if group["final"]:
+            mean, std, n = _summary(group)
+            assert f"{mean:.4f} ± {std:.4f} (n={n})" in line, line
+        else:
+            assert "±" not in line and " - " in f" {line} ", line  # no replicate ran every epoch
+
+
+def test_export_writes_the_best_configuration_with_its_replicates(study):
+    assert study.export.returncode == 0, study.export.stderr
+    [path] = sorted((study.root / "best").glob("*.yaml"))
+    exported = yaml.safe_load(path.read_text())["provenance"]["configuration"]
+    configurations = _configurations(study.rows)
+    best = max((g for g in configurations.values() if len(g["final"]) == 2), key=lambda g: _summary(g)[0])
+    assert exported["config_id"] == best["id"]
+    assert exported["mean"]["val_acc"] == pytest.approx(_summary(best)[0], rel=1e-12)
+    assert sorted(r["seed"] for r in exported["replicates"]) == [0, 1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's, with its chromedriver) through Selenium."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        if os.environ.get("LAPSTUDY_BROWSER_REQUIRED"):
+            pytest.fail("chromium and chromedriver are required here (LAPSTUDY_BROWSER_REQUIRED is set)")
+        pytest.skip("no chromium/chromedriver on this machine (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"):
+        options.add_argument(flag)
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        yield session
+    finally:
+        session.quit()
+
+
+def test_report_renders_every_figure_in_a_browser(study, browser):
+    page = study.dir / "report" / "report.html"
+    browser.get(page.as_uri())
+    images = browser.execute_script(
+        "return Array.from(document.images).map(i => [i.dataset.file, i.complete, i.naturalWidth, i.naturalHeight])")
+    files = {name for name, complete, width, height in images if complete and width > 100 and height > 100}
+    assert FIGURES <= files, images
+    assert {f"layers_{name}.png" for name in ("between_class_frac", "nc1", "within_seq_var")} <= files, images
+    assert len(files) == len(images), f"some figures did not load: {images}"
+    assert browser.find_element("id", "summary-table").is_displayed()
+
+
+def test_report_summary_numbers_match_an_independent_computation(study, browser):
+    browser.get((study.dir / "report" / "report.html").as_uri())
+    cells = browser.execute_script("""
+        return Array.from(document.querySelectorAll('#summary-table tbody tr')).map(row => [row.dataset.config,
+            Array.from(row.querySelectorAll('td[data-field]')).map(cell => [cell.dataset.metric, cell.dataset.field,
+                cell.dataset.value, cell.dataset.low, cell.dataset.high])])""")
+    configurations = _configurations(study.rows)
+    by_id = {}
+    for group in configurations.values():
+        for trial in group["trials"].values():
+            by_id[trial] = group
+    baseline = _which(configurations, BASELINE)
+    shown = {config for config, _ in cells}
+    complete = [g for g in configurations.values() if len(g["final"]) == 2]
+    assert {by_id[c]["values"]["k"] for c in shown} == {g["values"]["k"] for g in complete}
+    checked = 0
+    for config, row in cells:
+        group = by_id[config]
+        mean, std, n = _summary(group)
+        fields = {field: (value, low, high) for metric, field, value, low, high in row if metric == "val_acc"}
+        assert float(fields["mean"][0]) == pytest.approx(mean, rel=1e-12)
+        assert float(fields["std"][0]) == pytest.approx(std, rel=1e-9)
+        assert int(fields["n"][0]) == n == 2
+        if group is baseline:
+            assert "difference" not in fields
+            continue
+        difference, low, high = _paired(group, baseline)
+        assert float(fields["difference"][0]) == pytest.approx(difference, abs=1e-12)
+        assert float(fields["interval"][1]) == pytest.approx(low, rel=1e-9)
+        assert float(fields["interval"][2]) == pytest.approx(high, rel=1e-9)
+        assert fields["beyond"][0] == ("yes" if low > 0 or high < 0 else "no")
+        checked += 1
+    assert checked >= 1
