@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="F")
     run.add_argument("--gpus-per-worker", type=float, default=0.0, metavar="F")
     run.add_argument("--address", help="join a running Ray cluster (e.g. auto) instead of starting a local one")
-    run.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking server (default: SQLite in the study folder)")
+    run.add_argument("--tracking-uri", metavar="URI",
+                     help="MLflow tracking server (default: SQLite in the study folder)")
     run.add_argument("--seed", type=int, help="study seed (default: the space's seed)")
     run.add_argument("--max-failures", type=int, default=2, metavar="N",
                      help="retries of a trial's workers (and of the trial) after a crash or a lost node")

@@ -70,8 +70,9 @@ def connect_ray(address: str | None, storage: Path) -> str | None:
         else:
             session_dir = ray.init(include_dashboard=True, **kwargs).address_info["session_dir"]
     except AuthenticationError:
-        raise UserError(f"--address {address}: the cluster uses token authentication and no token was found here "
-                        "(~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); copy the cluster's token") from None
+        raise UserError(f"--address {address}: the cluster uses token authentication and no token was found "
+                        "here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); copy the cluster's "
+                        "token") from None
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:  # OSError: e.g. RAY_TMPDIR too long
         where = f"--address {address}" if address else "local Ray cluster"
         raise UserError(f"{where}: cannot connect ({' '.join(str(exc).split())[:200]})") from None

@@ -136,9 +136,12 @@ def _study_params(space: SearchSpace, record: StudyRecord) -> dict[str, str]:
     """The study's run's params: how it was started and the space's settings (nested ones as JSON)."""
     started = record.model_dump(mode="json", exclude={"name", "space", "created", "tracking_uri", "experiment_id"})
     settings = space.model_dump(mode="json", exclude={"name", "description"})
-    return {**{key: json.dumps(value) if isinstance(value, dict | list) else str(value) for key, value in started.items()},
-            **{f"space.{key}": json.dumps(value) if isinstance(value, dict | list) else str(value)
-               for key, value in settings.items()}}
+
+    def text(value) -> str:
+        return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+    return {**{key: text(value) for key, value in started.items()},
+            **{f"space.{key}": text(value) for key, value in settings.items()}}
 
 
 def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData | None) -> None:

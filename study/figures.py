@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # no display where reports are made
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from study.plots import layer_heatmap  # noqa: E402
+from study.plots import layer_heatmap, save  # noqa: E402
 
 COLOURS = plt.get_cmap("tab10")
 
@@ -54,11 +54,7 @@ def against_parameters(panels: dict[str, dict[str, list[tuple]]], path: Path, ti
     for row, quantity in enumerate(quantities):
         for column, parameter in enumerate(parameters):
             _errorbar_panel(axes[row][column], panels[quantity][parameter], parameter, quantity)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path, title)
 
 
 def trajectories(series: dict[str, list[tuple[str, list[int], list[float]]]], path: Path, title: str) -> Path:
@@ -79,14 +75,11 @@ def trajectories(series: dict[str, list[tuple[str, list[int], list[float]]]], pa
             ax.legend(*zip(*handles), fontsize=6, frameon=False)
         ax.set_xlabel("epoch")
         ax.set_title(name, fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path, title)
 
 
-def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylabel: str, path: Path, title: str) -> Path:
+def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylabel: str, path: Path,
+                   title: str) -> Path:
     """One panel per (x name, x values, y values, caption)."""
     fig, axes = plt.subplots(1, len(panels), squeeze=False, dpi=110, figsize=(3.6 * len(panels) + 0.5, 3.4))
     for ax, (name, xs, ys, caption) in zip(axes[0], panels):
@@ -94,11 +87,7 @@ def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylab
         ax.set_xlabel(name)
         ax.set_ylabel(ylabel)
         ax.set_title(caption, fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path, title)
 
 
 def bars(values: dict[str, float], path: Path, title: str, xlabel: str) -> Path:
@@ -108,10 +97,7 @@ def bars(values: dict[str, float], path: Path, title: str, xlabel: str) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def pareto(points: list[tuple[float, float, bool]], names: tuple[str, str], path: Path, title: str) -> Path:
@@ -125,10 +111,7 @@ def pareto(points: list[tuple[float, float, bool]], names: tuple[str, str], path
     ax.set_ylabel(names[1])
     ax.legend(fontsize=7, frameon=False)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def layers_by_trial(values: np.ndarray, trials: list[str], path: Path, title: str) -> Path:

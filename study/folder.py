@@ -68,7 +68,8 @@ class StudyFolder:
     def record(self) -> StudyRecord:
         path = self.path / STUDY_FILE
         if not path.is_file():
-            raise UserError(f"{self.path}: not a study folder (no {STUDY_FILE}); give the folder `lapstudy run` created")
+            raise UserError(f"{self.path}: not a study folder (no {STUDY_FILE}); give the folder `lapstudy run` "
+                            "created")
         return validate(StudyRecord, json.loads(path.read_text()), prefix=f"{path}: ")
 
     def space(self) -> SearchSpace:

@@ -23,6 +23,16 @@ def draw_geometry(pictures: GeometryPictures, folder: Path, title: str) -> None:
     variance_plot(pictures.parts, pictures.total, folder / "variance.png", f"token variance decomposition ({title})")
 
 
+def save(fig, path: Path, title: str | None = None) -> Path:
+    """Lay the figure out (a suptitle if given), write it as PNG and free it."""
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 LAYER_METRIC = re.compile(r"^geom_l(\d+)_(.+)$")
 
 
@@ -57,10 +67,7 @@ def layer_heatmap(values: np.ndarray, columns: list, path: Path, title: str, col
     if layers * count <= 200:
         for (i, j), value in np.ndenumerate(values):
             ax.annotate(f"{value:.3g}", (j, i), ha="center", va="center", fontsize=6, color="white")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def draw_layer_history(history: list[dict], folder: Path, title: str) -> list[Path]:
@@ -82,10 +89,7 @@ def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, lab
     ax.set_xlabel("PC 1")
     ax.set_ylabel("PC 2")
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def variance_plot(parts: dict[str, float], total: float, path: Path, title: str) -> Path:
@@ -101,7 +105,4 @@ def variance_plot(parts: dict[str, float], total: float, path: Path, title: str)
     ax.set_ylabel("variance (mean squared norm)")
     ax.set_title(title, fontsize=10)
     ax.margins(y=0.2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)

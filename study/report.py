@@ -299,7 +299,8 @@ figure img { max-width: 100%; border: 1px solid #eee; }
 <p>{{ r.description }}</p>
 <p>{{ r.trials }} trials: {{ r.configurations }} configurations{% if r.seeds|length > 1 %} at {{ r.seeds|length }}
 seeds ({{ r.seeds|join(", ") }}){% endif %};
-{% for status, n in r.counts.items() %}{{ n }} {{ status.replace("_", " ") }}{% if not loop.last %}, {% endif %}{% endfor %}.
+{% for status, n in r.counts.items() %}{{ n }} {{ status.replace("_", " ") }}
+{%- if not loop.last %}, {% endif %}{% endfor %}.
 {% if r.baseline %}Baseline: {{ r.baseline }}.{% endif %} Made {{ r.made }}.</p>
 {% for note in r.notes %}<p class="note">{{ note }}</p>{% endfor %}
 
@@ -310,19 +311,24 @@ where the interval excludes 0, that is where the difference is larger than the s
 <table id="summary-table">
 <thead><tr><th>configuration</th><th>values</th>
 {% for m in r.metrics %}<th>{{ m }} mean</th><th>std</th><th>n</th>
-{% if r.baseline %}<th>{{ m }} − baseline</th><th>95% interval</th><th>beyond noise</th>{% endif %}{% endfor %}</tr></thead>
+{% if r.baseline %}<th>{{ m }} − baseline</th><th>95% interval</th><th>beyond noise</th>{% endif %}
+{% endfor %}</tr></thead>
 <tbody>
 {% for row in r.best %}
 <tr class="{{ 'baseline' if row.baseline else '' }}" data-config="{{ row.config_id }}">
 <td>{{ row.config_id }}{% if row.baseline %} (baseline){% endif %}</td><td>{{ row.values }}</td>
 {% for m in r.metrics %}{% set s = row.summaries[m] %}{% set d = row.differences[m] %}
-<td class="number" data-metric="{{ m }}" data-field="mean" data-value="{{ s.mean|exact }}">{{ s.mean|number }}</td>
+<td class="number" data-metric="{{ m }}" data-field="mean" data-value="{{ s.mean|exact }}">
+{{- s.mean|number }}</td>
 <td class="number" data-metric="{{ m }}" data-field="std" data-value="{{ s.std|exact }}">{{ s.std|number }}</td>
 <td class="number" data-metric="{{ m }}" data-field="n" data-value="{{ s.n }}">{{ s.n }}</td>
 {% if r.baseline %}{% if d %}
-<td class="number{{ ' beyond' if d.beyond_noise else '' }}" data-metric="{{ m }}" data-field="difference" data-value="{{ d.mean|exact }}">{{ d.mean|number }}</td>
-<td class="number" data-metric="{{ m }}" data-field="interval" data-low="{{ d.low|exact }}" data-high="{{ d.high|exact }}">[{{ d.low|number }}, {{ d.high|number }}]</td>
-<td data-metric="{{ m }}" data-field="beyond" data-value="{{ 'yes' if d.beyond_noise else 'no' }}">{{ "yes" if d.beyond_noise else "no" }}</td>
+<td class="number{{ ' beyond' if d.beyond_noise else '' }}" data-metric="{{ m }}" data-field="difference"
+    data-value="{{ d.mean|exact }}">{{ d.mean|number }}</td>
+<td class="number" data-metric="{{ m }}" data-field="interval" data-low="{{ d.low|exact }}"
+    data-high="{{ d.high|exact }}">[{{ d.low|number }}, {{ d.high|number }}]</td>
+<td data-metric="{{ m }}" data-field="beyond" data-value="{{ 'yes' if d.beyond_noise else 'no' }}">
+{{- "yes" if d.beyond_noise else "no" }}</td>
 {% else %}<td></td><td></td><td></td>{% endif %}{% endif %}
 {% endfor %}</tr>
 {% endfor %}
@@ -333,13 +339,16 @@ where the interval excludes 0, that is where the difference is larger than the s
 <p>Last-layer geometry at the last epoch, each configuration minus the baseline, paired by seed (95% t interval;
 <b>bold</b> where it excludes 0).</p>
 <table id="geometry-table">
-<thead><tr><th>configuration</th><th>values</th>{% for g in r.geometry_names %}<th>{{ g }} mean</th><th>− baseline [95%]</th>{% endfor %}</tr></thead>
+<thead><tr><th>configuration</th><th>values</th>
+{% for g in r.geometry_names %}<th>{{ g }} mean</th><th>− baseline [95%]</th>{% endfor %}</tr></thead>
 <tbody>
 {% for row in r.geometry_rows %}
-<tr class="{{ 'baseline' if row.baseline else '' }}"><td>{{ row.config_id }}{% if row.baseline %} (baseline){% endif %}</td><td>{{ row.values }}</td>
+<tr class="{{ 'baseline' if row.baseline else '' }}">
+<td>{{ row.config_id }}{% if row.baseline %} (baseline){% endif %}</td><td>{{ row.values }}</td>
 {% for g in r.geometry_names %}{% set s = row.summaries[g] %}{% set d = row.differences[g] %}
 <td class="number">{{ s.mean|number }}</td>
-<td class="number{{ ' beyond' if d and d.beyond_noise else '' }}">{% if d %}{{ d.mean|number }} [{{ d.low|number }}, {{ d.high|number }}]{% endif %}</td>
+<td class="number{{ ' beyond' if d and d.beyond_noise else '' }}">
+{%- if d %}{{ d.mean|number }} [{{ d.low|number }}, {{ d.high|number }}]{% endif %}</td>
 {% endfor %}</tr>
 {% endfor %}
 </tbody></table>
@@ -348,16 +357,20 @@ where the interval excludes 0, that is where the difference is larger than the s
 <h2 id="correlations">The metric against the geometry</h2>
 <p>Spearman's rank correlation across the trials that ran every epoch, with a 95% bootstrap interval: the paper's
 claim, tested on this study's own data.</p>
-<table id="correlation-table"><thead><tr><th>metric</th><th>geometry</th><th>rho</th><th>95% interval</th><th>n</th></tr></thead>
+<table id="correlation-table">
+<thead><tr><th>metric</th><th>geometry</th><th>rho</th><th>95% interval</th><th>n</th></tr></thead>
 <tbody>{% for m, g, c in r.correlations %}
-<tr><td>{{ m }}</td><td>{{ g }}</td><td class="number">{{ c.rho|number }}</td><td class="number">[{{ c.low|number }}, {{ c.high|number }}]</td><td class="number">{{ c.n }}</td></tr>
+<tr><td>{{ m }}</td><td>{{ g }}</td><td class="number">{{ c.rho|number }}</td>
+<td class="number">[{{ c.low|number }}, {{ c.high|number }}]</td><td class="number">{{ c.n }}</td></tr>
 {% endfor %}</tbody></table>
 
 {% if r.parameter_trends %}
 <h2 id="trends">The geometry against the searched parameters</h2>
-<table id="trend-table"><thead><tr><th>parameter</th><th>geometry</th><th>rho</th><th>95% interval</th><th>n</th></tr></thead>
+<table id="trend-table">
+<thead><tr><th>parameter</th><th>geometry</th><th>rho</th><th>95% interval</th><th>n</th></tr></thead>
 <tbody>{% for p, g, c in r.parameter_trends %}
-<tr><td>{{ p }}</td><td>{{ g }}</td><td class="number">{{ c.rho|number }}</td><td class="number">[{{ c.low|number }}, {{ c.high|number }}]</td><td class="number">{{ c.n }}</td></tr>
+<tr><td>{{ p }}</td><td>{{ g }}</td><td class="number">{{ c.rho|number }}</td>
+<td class="number">[{{ c.low|number }}, {{ c.high|number }}]</td><td class="number">{{ c.n }}</td></tr>
 {% endfor %}</tbody></table>
 {% endif %}
 

@@ -245,7 +245,8 @@ def summary(records: list[TrialRecord], space, folder: StudyFolder, top: int = 5
     if any(len(g.trials) > 1 for g in groups):
         best = best_configurations(groups, space.metrics, space.modes)
         shown = best if space.multi_objective else best[:top]
-        title = "Pareto set" if space.multi_objective else f"best {len(shown)} configurations by mean {space.metrics[0]}"
+        title = ("Pareto set" if space.multi_objective
+                 else f"best {len(shown)} configurations by mean {space.metrics[0]}")
         if best:
             lines += [f"{title}:", configuration_table(shown, space.metrics, baseline_configuration(groups, space))]
         else:
