@@ -50,7 +50,9 @@ class StudyProgress(Callback):
         self._reset()
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self._print(f"trial {trial.trial_id} started: {format_params(trial.config)}")
+        record = record_from_trial(trial, self.epochs)
+        seed = f" (seed {record.seed})" if record.seed is not None else ""
+        self._print(f"trial {trial.trial_id} started: {format_params(record.sampled)}{seed}")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         record = record_from_trial(trial, self.epochs, finished=True)
@@ -81,7 +83,7 @@ class StudyProgress(Callback):
         if best and len(self.metrics) == 1:
             r = best[0]
             line += (f" | best {self.metrics[0]} {r.metrics[self.metrics[0]]:.4f} (trial {r.trial_id}: "
-                     f"{format_params(r.params)})")
+                     f"{format_params(r.sampled)})")
         elif best:
             line += f" | {len(best)} trial(s) on the Pareto front"
         if force or line != self.last_status:
