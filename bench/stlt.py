@@ -16,6 +16,8 @@ says which ran); ``--calibrate`` remeasures that table.
 - ``causal_over_bilateral_4096``: the causal path over the bilateral one at N = 4096. Target <= 2.
 - ``crossover_n`` and ``_causal``: the smallest N from which the torch path beats SDPA attention (4 heads of 64; no
   mask, or causal) at every measured N. Target <= 2048.
+- ``triton_sm90``: registers per thread and spill bytes of every launch variant of the Triton kernels, compiled for
+  sm_90 at 4 warps with Triton's compiler and ptxas, no GPU needed (tests/test_stlt_compile.py: none spills).
 On a shared machine, ``--threads 1`` keeps other processes from stalling intra-op thread hand-offs.
 
 CUDA (``--device cuda``; B = 4, D = 1024, S = 32): the Triton kernels against SDPA (16 heads of 64, bf16 and fp32)
@@ -195,7 +197,37 @@ def cpu_report(repeats: int) -> dict:
                         and crossovers[kind]["value"] <= 2048)
            for name, kind in (("crossover_n", "bilateral"), ("crossover_n_causal", "causal"))},
     }
+    report["triton_sm90"] = triton_compile_report()
     return report
+
+
+def triton_compile_report() -> dict:
+    """Registers and spills of every launch variant of the Triton kernels compiled for sm_90 (no GPU needed;
+    models/stlt/triton_compile.py): per kernel, and each variant at the default 32 nodes."""
+    from models.stlt.triton_compile import compile_report, toolchain_missing
+
+    missing = toolchain_missing()
+    if missing:
+        return {"skipped": missing}
+    report = compile_report(arch=90, workers=2)
+    variants = [v for v in report["variants"] if "error" not in v]
+    kernels = {}
+    for name in sorted({v["kernel"] for v in report["variants"]}):
+        mine = [v for v in variants if v["kernel"] == name]
+        kernels[name] = {
+            "variants": sum(v["kernel"] == name for v in report["variants"]),
+            "failed": sum(v["kernel"] == name and "error" in v for v in report["variants"]),
+            "registers": [min(v["registers"] for v in mine), max(v["registers"] for v in mine)] if mine else None,
+            "spill_bytes": sum(v["spill_stores"] + v["spill_loads"] for v in mine),
+            "at_32_nodes": {_variant_label(v): v["registers"] for v in mine if v["constexprs"]["BLOCK_S"] == 32},
+        }
+    return {"arch": report["arch"], "num_warps": sorted({v["num_warps"] for v in report["variants"]}),
+            "variants": len(report["variants"]), "seconds": report["seconds"], "kernels": kernels}
+
+
+def _variant_label(variant: dict) -> str:
+    flags = {k: v for k, v in variant["constexprs"].items() if k not in ("BLOCK_S", "CHUNK")}
+    return " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in flags.items())
 
 
 CALIBRATION_N = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

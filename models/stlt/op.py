@@ -10,6 +10,7 @@ from models.stlt.chunked import stlt_mix_chunked
 from models.stlt.fftconv import stlt_mix_fft
 from models.stlt.matmul import stlt_mix_matmul
 from models.stlt.naive import stlt_mix_reference
+from models.stlt.triton_op import MAX_NODES
 
 BACKENDS = ("auto", "reference", "torch", "triton")
 TORCH_ALGORITHMS = {"fft": stlt_mix_fft, "chunked": stlt_mix_chunked, "matmul": stlt_mix_matmul}
@@ -37,15 +38,15 @@ def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = 
 
     backend: "reference" (the O(N^2) definition, tests only), "torch" (any device: the fastest of an FFT convolution,
     fftconv.py, a chunked scan, chunked.py, and the mix in matrix products, matmul.py, as measured: FASTEST_FROM_N),
-    "triton" (fused kernels, CUDA, or the CPU interpreter with TRITON_INTERPRET=1), "auto" (triton on CUDA tensors,
-    torch otherwise).
+    "triton" (fused kernels, CUDA, or the CPU interpreter with TRITON_INTERPRET=1; up to MAX_NODES = 64 nodes, beyond
+    which its kernels would spill registers), "auto" (triton on CUDA tensors with up to 64 nodes, torch otherwise).
     All backends are differentiable in every argument and agree with each other.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
     T = _check_inputs(x, sigma, omega, T, C, mask, delta)
     if backend == "auto":
-        backend = "triton" if x.is_cuda else "torch"
+        backend = "triton" if x.is_cuda and sigma.shape[0] <= MAX_NODES else "torch"
     if backend == "triton":
         if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1, Triton's CPU interpreter)")
