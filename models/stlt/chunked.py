@@ -57,57 +57,55 @@ def _add_carried(y, xc, powers, C, m, causal: bool):
     left, the mirror image: E' = sum_j a^j x_j, and position i reads a^{Q-i} times the state entering from chunk c+1."""
     B, D, n_chunks, Q = xc.shape
     S = powers.shape[1]
-    # Columns are the real and imaginary parts of the powers, so one real matmul serves both parts and directions.
+    # Columns are (real, imag) pairs of the powers, so one real matmul serves both parts and directions, and its
+    # result is a complex tensor as it stands.
     gather = [powers[:Q].flip(0)] + ([] if causal else [powers[:Q]])  # a^{Q-1-j}, a^j: (Q, S) each
-    local = xc @ torch.cat([part for p in gather for part in (p.real, p.imag)], dim=1)  # (B, D, n_chunks, 2S|4S)
+    local = xc @ torch.view_as_real(torch.cat(gather, dim=1)).flatten(1)  # (B, D, n_chunks, 2S|4S)
     across = powers[Q]  # a^Q, (S,)
-    incoming = [_carry(torch.complex(local[..., :S], local[..., S:2 * S]), across, reverse=False)]
-    if not causal:
-        incoming.append(_carry(torch.complex(local[..., 2 * S:3 * S], local[..., 3 * S:]), across, reverse=True))
     weights = C.T[None, :, None, :]  # C_k[d] against states (B, D, n_chunks, S)
     if m.dim() == 2:  # one mask per sequence: fold it into the states
         weights = weights * m[:, None, None, :]
-    states = torch.cat([part for h in incoming for part in ((weights * h).real, (weights * h).imag)], dim=-1)
+    states = torch.cat([torch.view_as_real(weights * _Carry.apply(
+        torch.view_as_complex(part.unflatten(-1, (S, 2))), across, reverse)).flatten(-2)
+        for reverse, part in zip((False, True), local.split(2 * S, dim=-1))], dim=-1)  # (B, D, n_chunks, 2S|4S)
     spread = [powers[1:]] + ([] if causal else [powers[1:].flip(0)])  # a^{i+1}, a^{Q-i}: (Q, S) each
-    readout = torch.cat([part for p in spread for part in (p.real, -p.imag)], dim=1)  # (Q, 2S|4S)
+    readout = torch.view_as_real(torch.cat(spread, dim=1).conj().resolve_conj()).flatten(1)  # (Re, -Im): (Q, 2S|4S)
     if m.dim() == 2:  # y + states @ readout.T in one matmul
         return torch.addmm(y.view(-1, Q), states.view(-1, states.shape[-1]), readout.T).view(y.shape)
     # Per-position mask: it weighs each node's term at each position, a different readout per chunk.
-    readout = readout * m.repeat(1, 1, 1, readout.shape[-1] // S)  # (B, n_chunks, Q, 2S|4S)
+    readout = readout * m.repeat_interleave(2, dim=-1).repeat(1, 1, 1, readout.shape[-1] // (2 * S))
     return y + (readout @ states.transpose(1, 2).transpose(2, 3)).permute(0, 3, 1, 2)
 
 
-def _carry(local, across, *, reverse: bool):
-    """State entering each chunk (dim -2): H_c = across * H_{c-1} + local_{c-1}, H_0 = 0 (from the other end when
-    reverse)."""
-    if reverse:
-        return _Carry.apply(local.flip(-2), across).flip(-2)
-    return _Carry.apply(local, across)
-
-
 class _Carry(torch.autograd.Function):
-    """The chunk-to-chunk recurrence as one autograd node: a Python step per chunk either way, without autograd
-    bookkeeping per step. Backward is the adjoint recurrence run from the last chunk:
+    """State entering each chunk (dim -2): H_c = across * H_{c-1} + local_{c-1}, H_0 = 0; from the last chunk, with
+    c + 1, when reverse. One Python step per chunk either way, without autograd bookkeeping per step. Backward is the
+    adjoint recurrence run from the other end:
         lambda_c = g_c + conj(a) lambda_{c+1},   dL/dlocal_{c-1} = lambda_c,   dL/da = sum_c conj(H_{c-1}) lambda_c
     (gradients of complex tensors in PyTorch's convention: the conjugate Wirtinger derivative)."""
 
     @staticmethod
-    def forward(ctx, local, across):
+    def forward(ctx, local, across, reverse: bool):
         incoming = torch.zeros_like(local)
-        for c in range(1, local.shape[-2]):
-            torch.addcmul(local[..., c - 1, :], across, incoming[..., c - 1, :], out=incoming[..., c, :])
+        n = local.shape[-2]
+        order, source = (range(n - 2, -1, -1), 1) if reverse else (range(1, n), -1)
+        for c in order:
+            torch.addcmul(local[..., c + source, :], across, incoming[..., c + source, :], out=incoming[..., c, :])
         ctx.save_for_backward(incoming, across)
+        ctx.reverse = reverse
         return incoming
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         incoming, across = ctx.saved_tensors
+        n = incoming.shape[-2]
         grad_local = torch.zeros_like(incoming)
         adjoint = torch.zeros_like(incoming[..., 0, :])
         back = across.conj()
-        for c in range(incoming.shape[-2] - 1, 0, -1):
+        order, source = (range(0, n - 1), 1) if ctx.reverse else (range(n - 1, 0, -1), -1)
+        for c in order:
             adjoint = torch.addcmul(grad[..., c, :], back, adjoint)
-            grad_local[..., c - 1, :] = adjoint
+            grad_local[..., c + source, :] = adjoint
         grad_across = (incoming.conj() * grad_local).sum(dim=(0, 1, 2))
-        return grad_local, grad_across
+        return grad_local, grad_across, None
