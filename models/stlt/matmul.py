@@ -98,12 +98,14 @@ class Carried(torch.autograd.Function):
         S = m4.shape[-1]
         y = x4.new_zeros(B, n_chunks, Q, D)
         states = []  # per direction, the state entering each chunk
+        CT_group = _group_shaped(CT, B, n_chunks)
+        across_full = across.expand(B, D, S).contiguous()  # unbroadcast, as CT_group
         for p in range(2 if bilateral else 1):
             state, H_all = x4.new_zeros(B, D, S, dtype=CT.dtype), x4.new_empty(B, n_chunks, D, S, dtype=CT.dtype)
             for chunks in _chunk_groups(n_chunks, B * D * S, reverse=p == 1):
-                H, state = _group_states(x4, gather, across, p, chunks, state, out=H_all[:, chunks])
+                H, state = _group_states(x4, gather, across_full, p, chunks, state, out=H_all[:, chunks])
                 R = _readout(m4[:, chunks], spread[:, p])
-                y[:, chunks] += torch.matmul(R, _states(H, CT).transpose(-1, -2))
+                y[:, chunks] += torch.matmul(R, _states(H, CT_group).transpose(-1, -2))
             states.append(H_all)
         ctx.save_for_backward(x4, m4, gather, spread, across, CT, *states)
         return y
@@ -119,6 +121,8 @@ class Carried(torch.autograd.Function):
         grad_gather, grad_spread = torch.zeros_like(gather), torch.zeros_like(spread)
         grad_across, grad_CT = torch.zeros_like(across), torch.zeros_like(CT)
         sign = torch.tensor([1.0, -1.0], dtype=spread.dtype, device=spread.device)
+        CT_group = _group_shaped(CT, B, n_chunks)
+        across_full = across.expand(B, D, S).contiguous()
         for p, H_all in enumerate(states):
             g_p = gather[:, 2 * S * p:2 * S * (p + 1)]
             groups = list(_chunk_groups(n_chunks, B * D * S, reverse=p == 1))
@@ -127,7 +131,7 @@ class Carried(torch.autograd.Function):
                 H = H_all[:, chunks]
                 g = grad_y[:, chunks]  # (B, group, Q, D)
                 # Readout: y = R @ W^T per chunk, R[c, i, (k, part)] = mask[c, i, k] (Re s, -Im s)[i, k].
-                grad_R = torch.matmul(g, _states(H, CT)).unflatten(-1, (S, 2))
+                grad_R = torch.matmul(g, _states(H, CT_group)).unflatten(-1, (S, 2))
                 grad_m[:, chunks] += (grad_R * (spread[:, p] * sign)).sum(dim=-1)
                 grad_spread[:, p] += (grad_R * m4[:, chunks, :, :, None]).sum(dim=(0, 1)) * sign
                 # conj(dL/dW) from R with +Im s: the imaginary parts change sign.
@@ -135,15 +139,15 @@ class Carried(torch.autograd.Function):
                     torch.matmul(g.transpose(-1, -2), _readout(m4[:, chunks], spread[:, p], sign=1.0))
                     .unflatten(-1, (S, 2)))  # (B, group, D, S)
                 grad_CT += (H * conj_grad_W).sum(dim=(0, 1))
-                conj_grad_H = conj_grad_W.mul_(CT)
+                conj_grad_H = conj_grad_W.mul_(CT_group[:, :H.shape[1]])
                 # mu_E[c] = conj(dL/dE_c) = mu of the chunk after c in scan order.
                 mu_E = torch.empty_like(H)
                 n = H.shape[1]
                 order, step = (range(n - 1), 1) if p == 1 else (range(n - 1, 0, -1), -1)
                 mu_E[:, order.start] = mu
                 for c in order:
-                    torch.addcmul(conj_grad_H[:, c], across, mu_E[:, c], out=mu_E[:, c + step])
-                mu = torch.addcmul(conj_grad_H[:, order.stop], across, mu_E[:, order.stop])
+                    torch.addcmul(conj_grad_H[:, c], across_full, mu_E[:, c], out=mu_E[:, c + step])
+                mu = torch.addcmul(conj_grad_H[:, order.stop], across_full, mu_E[:, order.stop])
                 grad_across += (H * mu_E).sum(dim=(0, 1, 2))
                 # Gather: dL/dE = conj(mu_E); as (real, imag) pairs, mu_E with its imaginary parts negated.
                 flip = sign.repeat(S)
@@ -154,9 +158,14 @@ class Carried(torch.autograd.Function):
         return grad_x, grad_m, grad_gather, grad_spread, grad_across.conj(), grad_CT.conj(), None
 
 
+def _carry_group(n_chunks: int, state_numbers: int) -> int:
+    """Chunks per group: their states hold about CARRY_GROUP_NUMBERS numbers."""
+    return min(n_chunks, max(1, CARRY_GROUP_NUMBERS // state_numbers))
+
+
 def _chunk_groups(n_chunks: int, state_numbers: int, *, reverse: bool):
-    """Slices of consecutive chunks whose states hold about CARRY_GROUP_NUMBERS numbers, in scan order."""
-    group = max(1, CARRY_GROUP_NUMBERS // state_numbers)
+    """Slices of consecutive chunks in groups of _carry_group, in scan order."""
+    group = _carry_group(n_chunks, state_numbers)
     starts = range(0, n_chunks, group)
     for start in reversed(starts) if reverse else starts:
         yield slice(start, min(start + group, n_chunks))
@@ -164,8 +173,8 @@ def _chunk_groups(n_chunks: int, state_numbers: int, *, reverse: bool):
 
 def _group_states(x4, gather, across, p: int, chunks: slice, state, out=None):
     """States H (B, group, D, S) entering each chunk of the group in direction p (0: left to right, 1: right to
-    left), from the state entering the group; and the state leaving it."""
-    Q, S = x4.shape[2], across.shape[0]
+    left), from the state entering the group, and the state leaving it; across = a^Q (B, D, S)."""
+    S = across.shape[-1]
     xT = x4[:, chunks].transpose(-1, -2)  # (B, group, D, Q)
     E = torch.view_as_complex((xT @ gather[:, 2 * S * p:2 * S * (p + 1)]).unflatten(-1, (S, 2)))
     H = torch.empty_like(E) if out is None else out
@@ -178,9 +187,15 @@ def _group_states(x4, gather, across, p: int, chunks: slice, state, out=None):
     return H, torch.addcmul(E[:, last], across, H[:, last])
 
 
-def _states(H, CT):
-    """W = C * H as real (..., D, 2S): (real, imag) pairs."""
-    return torch.view_as_real(H * CT).flatten(-2)
+def _group_shaped(CT, B: int, n_chunks: int):
+    """C.T repeated to the shape of a group's states (B, group, D, S): torch multiplies complex tensors of one shape
+    several times faster than when one of them broadcasts."""
+    return CT.expand(B, _carry_group(n_chunks, B * CT.numel()), *CT.shape).contiguous()
+
+
+def _states(H, CT_group):
+    """W = C * H as real (B, group, D, 2S): (real, imag) pairs."""
+    return torch.view_as_real(H * CT_group[:, :H.shape[1]]).flatten(-2)
 
 
 def _readout(m, spread, sign: float = -1.0):
