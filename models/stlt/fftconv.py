@@ -195,7 +195,7 @@ def fft_mix_channels_first(xt, sigma, omega, T, C, mask, *, delta: float, causal
     group = node_group_size(B * n_chunks, S, D, block, n_fft)
     if mask.dim() == 2:
         # h[b, d, t] = sum_k mask[b, k] (C_r[k, d] Re a_k^t - C_i[k, d] Im a_k^t): one matmul over 2S for every
-        # channel at once (per channel block, its (block x 2S) @ (2S x Q) products ran 10x slower at N = 16k).
+        # channel at once (per channel block, its narrow (block x 2S) @ (2S x Q) products ran several times slower).
         weights = torch.cat([mask[:, :, None] * C.real, -mask[:, :, None] * C.imag], dim=1)
         kernels = (weights.transpose(1, 2) @ powers).split(block, dim=1)  # (B, block, Q), the same for every chunk
     else:

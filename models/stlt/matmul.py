@@ -28,9 +28,8 @@ from models.stlt.naive import decay_log
 
 # Positions per chunk. The lag products cost (Q + 1) / 2 products of S x D per position and grow with Q; the chunk
 # states cost 2 S D numbers per chunk, carried one Python step per chunk, and two of their products have Q as inner
-# dimension, which matrix-multiply kernels run slowly when it is small. Measured forward + backward with causal
-# per-position masks (D = 256, S = 32, one thread, CPU time): 16 is 5-15% faster than 12 and 20 at 2k-16k positions,
-# and 20-30% faster than 8 and 32 at 4k.
+# dimension, which matrix-multiply kernels run slowly when it is small. 16 measured fastest of 8, 12, 16, 20, 24 and
+# 32 (forward + backward, causal per-position masks, D = 256, S = 32, one thread, 1k-16k positions).
 CHUNK = 16
 # Numbers in one group's (positions x D) tensors of the lag products: sized for a core's L2 cache.
 GROUP_NUMBERS = 2**17
@@ -85,7 +84,7 @@ class Carried(torch.autograd.Function):
     gather (Q, directions 2S) holds g = a^{Q-1-j}, a^j; spread (Q, directions, S, 2) holds s = a^{i+1}, a^{Q-i}; a^Q
     `across` (S,) and CT = C.T (D, S) are complex. Chunks go through in groups, in scan order, whose states
     (B, group, D, S) stay in cache while each group is carried, read out and (in backward) differentiated; the states
-    are kept for backward (recomputing them instead was 5% slower).
+    are kept for backward (recomputing them measured slower).
 
     Backward runs the groups in reverse scan order, on conjugates (mu = conj(lambda), with PyTorch's complex gradients
     dL/dz = dL/dRe z + i dL/dIm z), so no conjugated tensor is ever materialised: a sign on the imaginary columns of

@@ -26,8 +26,8 @@ DEFAULT_CHUNK = 64
 # Numbers in one program's (nodes x channels) fp32 tiles: the forward passes hold about 6 such tiles in registers,
 # the backward readout 10; at most MAX_BLOCK_D channels. Nodes all sit in one program (the readout sums over them),
 # so the node count is bounded. Compiled for sm_90 at 4 warps (tests/test_stlt_compile.py checks every launch
-# variant): 128 nodes spill 4.4 KB in the backward pass's chunk carry (128 x 16 tiles), and blocks of 128 channels
-# or more spill a few bytes in the chunk-state and backward-readout kernels; within these bounds nothing spills.
+# variant): 128 nodes spill in the backward pass's chunk carry (128 x 16 tiles), and blocks of 128 channels or more
+# in the chunk-state and backward-readout kernels; within these bounds nothing spills.
 FORWARD_TILE, BACKWARD_TILE, MAX_BLOCK_D, MAX_NODES = 2048, 1024, 64, 64
 
 _kernel_module = None  # a stand-in while launch_variants() records the launches
