@@ -17,7 +17,7 @@ import models
 from models.stlt import stlt_config
 from study.data import DatasetConfig
 from study.errors import UserError, validate
-from study.tasks import GeometrySpec, registered_task, task_class
+from study.tasks import TASKS, GeometrySpec, registered_task, task_class
 
 
 class TrainConfig(BaseModel):
@@ -79,8 +79,7 @@ class RunSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
-        if self.dataset.task != self.task:
-            raise ValueError(f"dataset source {self.dataset.source!r} is a {self.dataset.task} source, not {self.task}")
+        check_data_kind(self.task, self.dataset, "dataset")
         check_hyperparameter_names(self.hyperparameters, "hyperparameters")
         check_loss(self.hyperparameters.get("loss", "ce"), self.task, self.dataset, "hyperparameters.loss")
         return self
@@ -101,6 +100,15 @@ class RunSpec(BaseModel):
 # Model keys whose validity depends on the data (the data fixes them, or they are checked against one it fixes):
 # a check made before the data is opened leaves them to the full check after.
 DATA_SHAPED_KEYS = frozenset({"image_size", "patch_size", "in_chans", "num_classes", "vocab_size", "context_length"})
+
+
+def check_data_kind(task: str, dataset, where: str) -> None:
+    """The dataset gives what the task reads (images, text, ...)."""
+    kind = task_class(task).data_kind
+    if dataset.kind != kind:
+        readers = [name for name, t in TASKS.items() if t.data_kind == dataset.kind]
+        raise ValueError(f"{where}: source {dataset.source!r} gives {dataset.kind}, but task {task} reads {kind} "
+                         f"(tasks that read {dataset.kind}: {', '.join(readers) or 'none'})")
 
 
 def check_loss(loss, task: str, dataset, where: str) -> None:

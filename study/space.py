@@ -22,6 +22,7 @@ from study.runspec import (
     RunSpec,
     apply_data_overrides,
     check_hyperparameter_names,
+    check_data_kind,
     check_loss,
     check_run_config,
 )
@@ -295,8 +296,7 @@ class SearchSpace(_Strict):
             raise ValueError(f"mode: one mode (min or max) per metric, got metric {self.metric} and mode {self.mode}")
         if self.multi_objective and self.scheduler.kind != "none":
             raise ValueError("scheduler: asha stops trials on one metric; with several metrics use scheduler: none")
-        if self.dataset.task != self.task:
-            raise ValueError(f"dataset: source {self.dataset.source!r} is a {self.dataset.task} source, not {self.task}")
+        check_data_kind(self.task, self.dataset, "dataset")
         if self.scheduler.kind == "asha" and self.scheduler.grace_period > self.epochs:
             raise ValueError(f"scheduler.grace_period: must be <= epochs ({self.epochs}), got {self.scheduler.grace_period}")
 

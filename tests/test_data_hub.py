@@ -50,7 +50,7 @@ def test_wrong_names_and_missing_paths_are_one_line_user_errors():
         check_dataset("classification", parse_dataset_config({"source": "hf", "name": "cifar1000"}))
     with pytest.raises(UserError, match="dataset.path: /no/such/shards does not exist"):
         check_dataset("classification", parse_dataset_config({"source": "parquet", "path": "/no/such/shards"}))
-    with pytest.raises(UserError, match="dataset.source: fineweb_edu is a language_modeling source"):
+    with pytest.raises(UserError, match="dataset.source: fineweb_edu gives text, but task classification reads images"):
         check_dataset("classification", parse_dataset_config({"source": "fineweb_edu"}))
 
 

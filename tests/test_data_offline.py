@@ -115,7 +115,7 @@ def test_task_data_pickles_without_datasets(ray_local):
 
 
 def test_wrong_task_and_bad_fields_are_user_errors(ray_local):
-    with pytest.raises(UserError, match="dataset.source: digits is a classification source"):
+    with pytest.raises(UserError, match="dataset.source: digits gives images, but task language_modeling reads text"):
         load_task_data("language_modeling", parse_dataset_config({"source": "digits"}), seed=0)
     with pytest.raises(UserError, match="dataset.source: 'mnist' is not one of digits, pydoc_text, hf"):
         parse_dataset_config({"source": "mnist"})

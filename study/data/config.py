@@ -21,8 +21,8 @@ AugmentLevel = Literal["none", "basic", "three_augment"]
 PATH_FIELDS = ("path", "val_path", "local_dir", "tokenizer_file")
 TokenizerName = Literal["gpt2", "byte", "auto"]
 
-CLASSIFICATION = "classification"
-LANGUAGE_MODELING = "language_modeling"
+# What a source gives; a task names the kind it reads (`Task.data_kind`).
+IMAGES, TEXT = "images", "text"
 
 
 class _Source(BaseModel):
@@ -40,7 +40,7 @@ class _Source(BaseModel):
 class _ImageSource(_Source):
     """Options every image source shares: the DeiT-III style training recipe and the evaluation transform."""
 
-    task: ClassVar[str] = CLASSIFICATION
+    kind: ClassVar[str] = IMAGES
     image_size: int | None = Field(None, ge=4, description="side of the square images fed to the model (None: the source's)")
     augment: AugmentLevel = Field(
         "basic",
@@ -81,7 +81,7 @@ class _ImageSource(_Source):
 
 
 class _TextSource(_Source):
-    task: ClassVar[str] = LANGUAGE_MODELING
+    kind: ClassVar[str] = TEXT
     seq_len: int = Field(1024, ge=2, description="tokens per training sequence (the model's context_length)")
     tokenizer: TokenizerName = Field(
         "auto", description="gpt2: GPT-2 BPE via tiktoken (cache or tokenizer_file); byte: UTF-8 bytes; auto: gpt2 else byte"

@@ -14,6 +14,7 @@ from study.data.task_data import TaskData
 from study.data.text import gpt2_available
 from study.data.text_sources import load_fineweb_edu, load_text_files
 from study.errors import UserError, validate
+from study.tasks import task_class
 
 # One adapter per source: a function (config, seed) -> TaskData.
 LOADERS = {
@@ -38,11 +39,10 @@ def check_dataset(task: str, config: DatasetConfig) -> DatasetConfig:
     Ray so that a wrong or offline dataset fails at once; `load_task_data` runs it too."""
     if isinstance(config, dict):
         config = parse_dataset_config(config)
-    if config.task != task:
-        raise UserError(
-            f"dataset.source: {config.source} is a {config.task} source but the study's task is {task}; "
-            f"{task} sources: {', '.join(_sources_for(task))}"
-        )
+    kind = task_class(task).data_kind
+    if config.kind != kind:
+        raise UserError(f"dataset.source: {config.source} gives {config.kind}, but task {task} reads {kind}; "
+                        f"sources of {kind}: {', '.join(_sources_of(kind))}")
     for field_name in PATH_FIELDS:
         value = getattr(config, field_name, None)
         if value and not any(c in value for c in "*?[") and not os.path.exists(os.path.expanduser(value)):
@@ -75,5 +75,5 @@ def load_task_data(task: str, config: DatasetConfig, *, seed: int) -> TaskData:
     return LOADERS[config.source](config, seed)
 
 
-def _sources_for(task: str) -> list[str]:
-    return [c.model_fields["source"].annotation.__args__[0] for c in SOURCE_CONFIGS if c.task == task]
+def _sources_of(kind: str) -> list[str]:
+    return [c.model_fields["source"].annotation.__args__[0] for c in SOURCE_CONFIGS if c.kind == kind]

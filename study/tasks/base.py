@@ -61,6 +61,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     model_family: ClassVar[str]  # the `models` family it trains ("vit", "gpt")
+    data_kind: ClassVar[str]  # the kind of data it reads: the `kind` of the dataset sources it accepts
     input_key: ClassVar[str]  # the batch key the model reads
     sum_names: ClassVar[tuple[str, ...]]  # the evaluation's sums, added up over batches and workers
     quality_metrics: ClassVar[tuple[str, ...]]  # the evaluation's metrics (NaN for an epoch whose loss diverged)

@@ -13,6 +13,7 @@ from study.tasks.base import GeometryPictures, Task
 class Classification(Task):
     name = "classification"
     model_family = "vit"
+    data_kind = "images"
     input_key = "image"
     sum_names = ("loss", "samples", "correct")
     quality_metrics = ("val_acc", "val_loss")

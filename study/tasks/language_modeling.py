@@ -25,6 +25,7 @@ def language_model_sums(logits: torch.Tensor, targets: torch.Tensor, target_byte
 class LanguageModeling(Task):
     name = "language_modeling"
     model_family = "gpt"
+    data_kind = "text"
     input_key = "input_ids"
     sum_names = ("loss", "targets", "byte_loss", "bytes")
     quality_metrics = ("val_bpb", "val_loss")
