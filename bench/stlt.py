@@ -252,28 +252,9 @@ def calibrate(repeats: int) -> dict:
                 best = min(medians.values())
                 candidates = [name for name in candidates if medians[name] <= 4 * best]
             seconds[key] = {str(n): row for n, row in rows.items()}
-            table[mask_kind, direction] = fastest_from_n(rows)
+            table[mask_kind, direction] = op.fastest_from_n(rows)
     return {"seconds": seconds,
             "FASTEST_FROM_N": {f"{kind}, {direction}": entries for (kind, direction), entries in table.items()}}
-
-
-# How much faster (median over median) another algorithm must be to take over from the one chosen at shorter
-# lengths: differences within the machine's noise would otherwise flip the choice back and forth.
-SWITCH_MARGIN = 1.1
-
-
-def fastest_from_n(rows: dict[int, dict[str, float]]) -> tuple:
-    """(from N, algorithm) pairs from median seconds per measured N: the fastest at the shortest length, then another
-    wherever it is SWITCH_MARGIN times faster than the current one, from the geometric midpoint between that length
-    and the one before."""
-    lengths = sorted(rows)
-    entries = [(1, min(rows[lengths[0]], key=rows[lengths[0]].get))]
-    for previous, n in zip(lengths, lengths[1:]):
-        current, fastest = entries[-1][1], min(rows[n], key=rows[n].get)
-        if current not in rows[n] or rows[n][current] > SWITCH_MARGIN * rows[n][fastest]:
-            if fastest != current:
-                entries.append((math.ceil(math.sqrt(previous * n)), fastest))
-    return tuple(entries)
 
 
 def _algorithm_case(fn, inputs, causal: bool):

@@ -128,8 +128,7 @@ def test_measured_table_covers_every_case_from_one_position():
 
 
 def test_calibration_puts_boundaries_between_the_measured_winners():
-    from bench.stlt import fastest_from_n
-
+    fastest_from_n = op.fastest_from_n
     rows = {64: {"fft": 1.0, "matmul": 2.0}, 256: {"fft": 1.0, "matmul": 0.5}, 1024: {"fft": 3.0, "matmul": 1.0},
             4096: {"fft": 2.0, "matmul": 3.0}}
     assert fastest_from_n(rows) == ((1, "fft"), (128, "matmul"), (2048, "fft"))

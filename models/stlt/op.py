@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -18,14 +19,31 @@ TORCH_ALGORITHMS = {"fft": stlt_mix_fft, "chunked": stlt_mix_chunked, "matmul": 
 # The torch backend's fastest algorithm by sequence length, per mask kind and direction: (from N, algorithm) pairs,
 # the first from N = 1. Measured, not guessed: `python bench/stlt.py --calibrate --threads 1` times every algorithm
 # forward + backward at N = 64 .. 16384 (B = 1, D = 256, S = 32, float32, one thread) and prints its medians and this
-# table; another algorithm takes over where it is 10% faster than the current one, from the geometric midpoint of the
-# two measured lengths (so that noise between near-equal algorithms does not flip the choice back and forth).
+# table, as fastest_from_n derives it from them.
 FASTEST_FROM_N = {
     ("sequence", "bilateral"): ((1, "chunked"), (725, "fft"), (11586, "chunked")),
     ("sequence", "causal"): ((1, "chunked"), (725, "fft"), (5793, "chunked")),
     ("position", "bilateral"): ((1, "matmul"),),
     ("position", "causal"): ((1, "matmul"),),
 }
+
+# How much faster (median over median) another algorithm must be to take over from the one chosen at shorter
+# lengths: differences within the machine's noise would otherwise flip the choice back and forth.
+SWITCH_MARGIN = 1.1
+
+
+def fastest_from_n(rows: dict[int, dict[str, float]]) -> tuple:
+    """(from N, algorithm) pairs from median seconds per measured N: the fastest at the shortest length, then another
+    wherever it is SWITCH_MARGIN times faster than the current one, from the geometric midpoint between that length
+    and the one before."""
+    lengths = sorted(rows)
+    entries = [(1, min(rows[lengths[0]], key=rows[lengths[0]].get))]
+    for previous, n in zip(lengths, lengths[1:]):
+        current, fastest = entries[-1][1], min(rows[n], key=rows[n].get)
+        if current not in rows[n] or rows[n][current] > SWITCH_MARGIN * rows[n][fastest]:
+            if fastest != current:
+                entries.append((math.ceil(math.sqrt(previous * n)), fastest))
+    return tuple(entries)
 
 
 def stlt_mix(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: bool = False, backend: str = "auto"):
