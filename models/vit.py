@@ -70,7 +70,8 @@ class ViT(MixerModel):
     def forward(self, images: torch.Tensor, return_features: bool = False):
         """images (B, C, H, W) -> logits (B, num_classes), or ModelOutput with the last-layer tokens (B, 1 + P, d)
         after the final norm and the feature (B, d) the classifier reads."""
-        x = self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
+        x = self.patch_embed(images)  # (B, d, H / patch, W / patch)
+        x = x.flatten(2).transpose(1, 2) + self.position_embedding(*x.shape[-2:])  # (B, P, d)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
         for block in self.blocks:
             x = block(x)
@@ -78,6 +79,22 @@ class ViT(MixerModel):
         feature = self.pool(tokens)
         logits = self.head(feature)
         return ModelOutput(logits, tokens, feature) if return_features else logits
+
+    def position_embedding(self, grid_h: int, grid_w: int) -> torch.Tensor:
+        """Position embeddings (1, grid_h * grid_w, d) of a grid_h x grid_w patch grid: the learned ones at the
+        configured image size, else those resized bicubically as DINO does for its 96-pixel local crops
+        (facebookresearch/dino vision_transformer.py:174-194): torch's bicubic interpolation with a scale factor of
+        (grid + 0.1) / side, the 0.1 keeping floor(side * scale) from falling one short (:184-186). DINO also
+        carries a class-token embedding; this ViT has none (DeiT III), so only the patch embeddings are resized."""
+        side = self.config.image_size // self.config.patch_size
+        if (grid_h, grid_w) == (side, side):
+            return self.pos_embed
+        dim = self.pos_embed.shape[-1]
+        grid = self.pos_embed.reshape(1, side, side, dim).permute(0, 3, 1, 2)  # (1, d, side, side)
+        resized = nn.functional.interpolate(
+            grid, scale_factor=((grid_h + 0.1) / side, (grid_w + 0.1) / side), mode="bicubic"
+        )  # (1, d, grid_h, grid_w)
+        return resized.permute(0, 2, 3, 1).reshape(1, grid_h * grid_w, dim)
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
         """What the classifier reads of tokens (B, 1 + P, d): the class token, or the mean of the patch tokens."""
