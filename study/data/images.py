@@ -10,6 +10,9 @@ torchvision's on PIL images, so each one here computes what Pillow computes, on 
 bicubic resampling of the crop alone, PIL's grey level, solarisation at 128, Pillow's own Gaussian blur, and
 brightness/contrast/saturation as Pillow's blends, in a random order per image.
 
+DINO's multi-crop augmentation (facebookresearch/dino main_dino.py:419-464, `dino_crops`) is made of the same
+operations, plus torchvision's hue jitter (Pillow's HSV conversion).
+
 Randomness: a map task draws from a generator seeded by (trial seed, epoch, CRC of the batch's encoded images), so an
 epoch's augmentations depend only on the seed and the data, never on which task or process ran them.
 """
@@ -198,7 +201,8 @@ def three_augment(images: np.ndarray, rng: np.random.Generator, jitter: float) -
 def color_jitter(images: np.ndarray, factors: np.ndarray, order: np.ndarray) -> np.ndarray:
     """torchvision's ColorJitter(b, c, s) on PIL images, with its random draws given: images (B, H, W, C) uint8;
     factors (B, 3) for brightness, contrast, saturation; order (B, 3), each row a permutation of 0, 1, 2 (the
-    operations in the order applied). Returns (B, H, W, C) uint8."""
+    operations in the order applied). With a fourth column in both, hue too (ColorJitter(b, c, s, h)): factors
+    (B, 4), orders permutations of 0..3. Returns (B, H, W, C) uint8."""
     import torch
 
     x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
@@ -207,10 +211,11 @@ def color_jitter(images: np.ndarray, factors: np.ndarray, order: np.ndarray) -> 
 
 
 def _jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """x (B, C, H, W) float of whole levels; step k applies to each image the operation order[:, k] names."""
+    """x (B, C, H, W) float of whole levels; step k applies to each image the operation order[:, k] names
+    (0 brightness, 1 contrast, 2 saturation, 3 hue: torchvision's ColorJitter numbering)."""
     import torch
 
-    adjust = (_brightness, _contrast, _saturation)
+    adjust = (_brightness, _contrast, _saturation, _hue)
     for step in range(order.shape[1]):
         for op, fn in enumerate(adjust):
             rows = torch.nonzero(order[:, step] == op).flatten()
@@ -244,6 +249,24 @@ def _saturation(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return x if x.shape[1] == 1 else _blend(_gray(x), x, factor)
 
 
+def _hue(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's adjust_hue on a PIL image (transforms/_functional_pil.py): Pillow's RGB -> HSV, the hue band
+    shifted by np.int32(factor * 255) levels modulo 256, HSV -> RGB; a grey (L) image is left alone. x (B, C, H, W)
+    whole levels, factor (B, 1, 1, 1) in [-0.5, 0.5]. Pillow's own conversions, one image at a time, for exactness."""
+    import torch
+
+    if x.shape[1] == 1:
+        return x
+    images = x.to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    out = np.empty_like(images)
+    for i, (image, f) in enumerate(zip(images, factor.flatten().tolist())):
+        h, s, v = Image.fromarray(np.ascontiguousarray(image)).convert("HSV").split()
+        shift = np.uint8(int(f * 255) % 256)  # int() truncates toward zero as np.int32 does; uint8 wraps around
+        hue = Image.fromarray(np.asarray(h, dtype=np.uint8) + shift, "L")
+        out[i] = np.asarray(Image.merge("HSV", (hue, s, v)).convert("RGB"))
+    return torch.from_numpy(out).permute(0, 3, 1, 2).to(x.dtype)
+
+
 def _gray(x: torch.Tensor) -> torch.Tensor:
     """PIL's RGB -> L on whole levels: (19595 R + 38470 G + 7471 B + 2^15) >> 16 (Pillow Convert.c:42), (B, 1, H, W)."""
     import torch
@@ -273,6 +296,89 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
             for c in range(image.shape[-1]):
                 out[i, ..., c] = np.asarray(Image.fromarray(np.ascontiguousarray(image[..., c])).filter(blur))
     return torch.from_numpy(out).permute(0, 3, 1, 2).to(x.dtype)
+
+
+DINO_JITTER = (0.4, 0.4, 0.2, 0.1)  # ColorJitter(brightness, contrast, saturation, hue), main_dino.py:424
+
+
+@dataclass(frozen=True)
+class DinoView:
+    """One view of DINO's multi-crop augmentation for a batch of B images, its random draws made
+    (DataAugmentationDINO, main_dino.py:419-456): crop, flip, colour jitter, grey scale, blur, solarisation."""
+
+    size: int  # output side S
+    boxes: np.ndarray  # (B, 4) crop boxes (left, top, right, bottom)
+    flip: np.ndarray  # (B,) bool: horizontal flip
+    jitter: np.ndarray  # (B,) bool: colour jitter applied
+    factors: np.ndarray  # (B, 4) brightness, contrast, saturation and hue factors
+    order: np.ndarray  # (B, 4) the jitter's operations (numbered as factors' columns) in the order applied
+    gray: np.ndarray  # (B,) bool: grey scale
+    blur: np.ndarray  # (B,) Gaussian blur radius, 0 where none
+    solarize: np.ndarray  # (B,) bool
+
+
+def dino_views(rng: np.random.Generator, sizes: np.ndarray, global_size: int = 224, local_size: int = 96,
+               local_crops: int = 8, global_scale: tuple[float, float] = (0.4, 1.0),
+               local_scale: tuple[float, float] = (0.05, 0.4)) -> list[DinoView]:
+    """The random draws of DINO's 2 + local_crops views of images of sizes (B, 2) = (W, H): two global views of side
+    ``global_size`` (the first always blurred, the second blurred with p 0.1 and solarised with p 0.2), then the
+    local views of side ``local_size`` (blurred with p 0.5). The defaults are main_dino.py's (:108-117, :436,
+    :452)."""
+    views = [_dino_view(rng, sizes, global_size, global_scale, blur=1.0, solarize=0.0),  # :435-440
+             _dino_view(rng, sizes, global_size, global_scale, blur=0.1, solarize=0.2)]  # :442-448
+    views += [_dino_view(rng, sizes, local_size, local_scale, blur=0.5, solarize=0.0)  # :451-456
+              for _ in range(local_crops)]
+    return views
+
+
+def _dino_view(rng: np.random.Generator, sizes: np.ndarray, size: int, scale, blur: float,
+               solarize: float) -> DinoView:
+    count = len(sizes)
+    boxes = random_resized_boxes(rng, sizes, scale, (3 / 4, 4 / 3))  # RandomResizedCrop's default ratio
+    flip = rng.random(count) < 0.5  # RandomHorizontalFlip(p=0.5), main_dino.py:422
+    jitter = rng.random(count) < 0.8  # RandomApply([ColorJitter(...)], p=0.8), :423-426
+    b, c, s, h = DINO_JITTER  # ColorJitter's ranges: [max(0, 1 - x), 1 + x]; hue [-h, h]
+    factors = rng.uniform([max(0.0, 1 - b), max(0.0, 1 - c), max(0.0, 1 - s), -h], [1 + b, 1 + c, 1 + s, h],
+                          (count, 4))
+    order = rng.permuted(np.tile(np.arange(4), (count, 1)), axis=1)  # ColorJitter: torch.randperm(4)
+    gray = rng.random(count) < 0.2  # RandomGrayscale(p=0.2), :427
+    blurred = rng.random(count) <= blur  # utils.py:46: `random.random() <= self.prob`
+    radius = np.where(blurred, rng.uniform(0.1, 2.0, count), 0.0)  # utils.py:40, :52
+    solar = rng.random(count) < solarize  # utils.py:65
+    return DinoView(size, boxes, flip, jitter, factors, order, gray, radius, solar)
+
+
+def apply_dino_view(images: list[Image.Image], view: DinoView) -> np.ndarray:
+    """One DINO view of PIL images (all of one mode): the crop resized bicubic to view.size, then the flip, the
+    colour jitter, grey scale, Gaussian blur and solarisation (threshold 128) where drawn, in that order, each as
+    Pillow computes it. Returns (B, S, S, C) uint8."""
+    import torch
+
+    out = np.stack([crop_resize(image, box, view.size) for image, box in zip(images, view.boxes)])
+    out[view.flip] = out[view.flip, :, ::-1]
+    x = torch.from_numpy(out).permute(0, 3, 1, 2).float()  # B, C, S, S in 0..255, whole levels throughout
+    rows = torch.from_numpy(np.flatnonzero(view.jitter))
+    if len(rows):
+        factors = torch.from_numpy(view.factors[view.jitter]).float()
+        x[rows] = _jitter(x[rows], factors, torch.from_numpy(view.order[view.jitter]))
+    x = torch.where(torch.from_numpy(view.gray)[:, None, None, None], _gray(x).expand_as(x), x)
+    blurred = torch.from_numpy(np.flatnonzero(view.blur > 0))
+    if len(blurred):
+        x[blurred] = gaussian_blur(x[blurred], torch.from_numpy(view.blur[blurred.numpy()]))
+    solar = torch.from_numpy(view.solarize)[:, None, None, None]
+    x = torch.where(solar & (x >= 128), 255.0 - x, x)  # ImageOps.solarize: threshold 128
+    return x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def dino_crops(images: list[Image.Image], rng: np.random.Generator, global_size: int = 224, local_size: int = 96,
+               local_crops: int = 8, global_scale: tuple[float, float] = (0.4, 1.0),
+               local_scale: tuple[float, float] = (0.05, 0.4)) -> list[np.ndarray]:
+    """DINO's multi-crop augmentation (DataAugmentationDINO, main_dino.py:419-464) of PIL images (decode with
+    ``to_pil``): 2 global crops (B, G, G, C) then ``local_crops`` local crops (B, L, L, C), uint8, normalisation
+    left to the worker (``BatchMixer.normalize``). The draws are ``dino_views(rng, ...)``'s."""
+    sizes = np.array([image.size for image in images])
+    views = dino_views(rng, sizes, global_size, local_size, local_crops, global_scale, local_scale)
+    return [apply_dino_view(images, view) for view in views]
 
 
 def transform_batch(batch: dict, spec: ImageSpec, train: bool, seed: int = 0, epoch_clock=None) -> dict:
