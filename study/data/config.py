@@ -14,15 +14,16 @@ import os
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-AugmentLevel = Literal["none", "basic", "three_augment"]
+AugmentLevel = Literal["none", "basic", "three_augment", "dino_multicrop"]
 # The fields that name files or folders: relative ones are read from the folder of the space or config that says so.
 PATH_FIELDS = ("path", "val_path", "local_dir", "tokenizer_file")
 TokenizerName = Literal["gpt2", "byte", "auto"]
 
 # What a source gives; a task names the kind it reads (`Task.data_kind`).
 IMAGES, TEXT = "images", "text"
+SEGMENTATION = "segmentation"  # images with a per-pixel class mask each
 
 
 class _Source(BaseModel):
@@ -45,8 +46,16 @@ class _ImageSource(_Source):
     augment: AugmentLevel = Field(
         "basic",
         description="none: resize + centre crop as in evaluation; basic: random resized crop + horizontal flip; "
-        "three_augment: basic + one of grayscale/solarize/blur + colour jitter (DeiT III)",
+        "three_augment: basic + one of grayscale/solarize/blur + colour jitter (DeiT III); dino_multicrop: DINO's "
+        "2 global and `local_crops` local views of each image (self-supervised tasks; the source then also gives "
+        "its training images as evaluated, the k-NN bank)",
     )
+    local_crops: int = Field(8, ge=0, description="dino_multicrop: local views per image (main_dino.py: 8)")
+    local_size: int = Field(96, ge=4, description="dino_multicrop: side of the local views (global: image_size)")
+    global_crop_scale: tuple[float, float] = Field((0.4, 1.0), description="dino_multicrop: area range of the "
+                                                   "global views (main_dino.py:118)")
+    local_crop_scale: tuple[float, float] = Field((0.05, 0.4), description="dino_multicrop: area range of the "
+                                                  "local views (main_dino.py:124)")
     crop_scale: tuple[float, float] = Field((0.08, 1.0), description="area range of the random resized crop")
     crop_ratio: tuple[float, float] = Field((3 / 4, 4 / 3), description="aspect-ratio range of the random resized crop")
     hflip: bool = Field(True, description="random horizontal flip in basic/three_augment")
@@ -67,17 +76,22 @@ class _ImageSource(_Source):
 
     @model_validator(mode="after")
     def _check_ranges(self):
-        for name in ("crop_scale", "crop_ratio"):
-            low, high = getattr(self, name)
-            if not 0 < low <= high:
-                raise ValueError(f"{name} must be [low, high] with 0 < low <= high, got [{low}, {high}]")
-        if self.crop_scale[1] > 1:
-            raise ValueError(f"crop_scale must lie in (0, 1], got {list(self.crop_scale)}")
-        if (self.mean is None) != (self.std is None):
-            raise ValueError("mean and std must be given together")
-        if self.std is not None and (len(self.std) != len(self.mean) or min(self.std) <= 0):
-            raise ValueError("std must have one positive value per mean value")
-        return self
+        return _check_crop_and_normalisation(self)
+
+
+def _check_crop_and_normalisation(cfg):
+    """The random resized crop's ranges and the normalisation of an image source (classification or segmentation)."""
+    for name in ("crop_scale", "crop_ratio"):
+        low, high = getattr(cfg, name)
+        if not 0 < low <= high:
+            raise ValueError(f"{name} must be [low, high] with 0 < low <= high, got [{low}, {high}]")
+    if cfg.crop_scale[1] > 1:
+        raise ValueError(f"crop_scale must lie in (0, 1], got {list(cfg.crop_scale)}")
+    if (cfg.mean is None) != (cfg.std is None):
+        raise ValueError("mean and std must be given together")
+    if cfg.std is not None and (len(cfg.std) != len(cfg.mean) or min(cfg.std) <= 0):
+        raise ValueError("std must have one positive value per mean value")
+    return cfg
 
 
 class _TextSource(_Source):
@@ -182,7 +196,87 @@ class TextFilesConfig(_TextSource):
     text_column: str = "text"
 
 
+class _SegmentationSource(_Source):
+    """Images with per-pixel class masks: the same crop and flip move image and mask together (the mask resampled
+    nearest-neighbour); batches carry "image" (float, normalised) and "mask" (int64, 255 where unlabelled)."""
+
+    kind: ClassVar[str] = SEGMENTATION
+    augment: Literal["none", "basic"] = Field(
+        "basic", description="none: the evaluation transform; basic: random resized crop + horizontal flip"
+    )
+    # mmseg's ADE20K pipeline resizes by 0.5-2x and crops 512 of the 512-short-side image: crops of ~0.2-1 of its area
+    crop_scale: tuple[float, float] = Field((0.25, 1.0), description="area range of the random resized crop")
+    crop_ratio: tuple[float, float] = Field((3 / 4, 4 / 3), description="aspect-ratio range of the random resized crop")
+    hflip: bool = Field(True, description="random horizontal flip in basic")
+    mean: tuple[float, ...] | None = Field(None, description="per-channel normalisation mean (None: ImageNet's)")
+    std: tuple[float, ...] | None = Field(None, description="per-channel normalisation std (None: ImageNet's)")
+    shuffle_buffer: int = Field(1024, ge=1, description="rows in each worker's seeded local shuffle buffer")
+
+    @model_validator(mode="after")
+    def _check_ranges(self):
+        return _check_crop_and_normalisation(self)
+
+
+class ADE20KConfig(_SegmentationSource):
+    """ADE20K's SceneParse150 benchmark (20 210 training, 2 000 validation images, 150 classes) from the parquet files
+    of a hub repository, or of a local copy of it."""
+
+    source: Literal["ade20k"]
+    # The benchmark's own hub repository (MIT CSAIL's SceneParse150). Its main branch holds a loading script, which
+    # `datasets` no longer runs; the hub's parquet converter keeps its parquet files on refs/convert/parquet, one
+    # folder per configuration and split: scene_parsing/{train,validation,test}/NNNN.parquet.
+    hub_id: str = "zhoubolei/scene_parse_150"
+    revision: str | None = Field("refs/convert/parquet", description="hub revision (branch, tag or commit)")
+    split_files: str = Field(
+        "scene_parsing/{split}/*.parquet", description="glob of a split's parquet files in the repository, {split} "
+        "standing for the split's name"
+    )
+    local_dir: str | None = Field(
+        None, description="a local copy of the hub repository (its parquet files): read instead of the hub"
+    )
+    train_split: str = "train"
+    val_split: str = "validation"
+    image_column: str = Field("image", description="encoded images (the hub's {bytes, path} struct, or bytes)")
+    mask_column: str = Field("annotation", description="encoded single-channel masks, one class index per pixel")
+    num_classes: int = Field(150, ge=2, description="classes after reduce_zero_label")
+    reduce_zero_label: bool = Field(
+        True, description="mmseg's rule for ADE20K: 0 (other) becomes the ignore index 255, every other label k becomes k - 1"
+    )
+    image_size: int = Field(
+        224, ge=4, description="side of the square crops fed to the model (DINO's ViT-S/16 is trained at 224)"
+    )
+
+    @field_validator("split_files")
+    @classmethod
+    def _check_split_files(cls, value: str) -> str:
+        if "{split}" not in value:
+            raise ValueError(f"must contain {{split}} (where the split's name goes), got {value!r}")
+        return value
+
+
+class ShapesSegmentationConfig(_SegmentationSource):
+    """Generated offline from split_seed: discs, squares and triangles on a textured background, with their masks
+    (0 background, 1 disc, 2 square, 3 triangle); images 0..num_train-1 train, the next num_val validation."""
+
+    source: Literal["shapes_segmentation"]
+    image_size: int = Field(64, ge=8, description="side of the generated square images (and of the model input)")
+    num_train: int = Field(2000, ge=1)
+    num_val: int = Field(500, ge=1)
+    shapes_per_image: tuple[int, int] = Field((1, 4), description="[fewest, most] shapes drawn in an image")
+    palette: Literal["random", "by_class"] = Field(
+        "random", description="random: any colour for any shape; by_class: red discs, green squares, blue triangles "
+        "on a grey background (a task a colour alone solves)"
+    )
+
+    @model_validator(mode="after")
+    def _check_shapes(self):
+        low, high = self.shapes_per_image
+        if not 0 <= low <= high:
+            raise ValueError(f"shapes_per_image must be [low, high] with 0 <= low <= high, got [{low}, {high}]")
+        return self
+
+
 SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageConfig, ImageFolderConfig,
-                  FineWebEduConfig, TextFilesConfig)
+                  FineWebEduConfig, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig)
 DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]
-OFFLINE_SOURCES = "parquet (local shards), image_folder, text_files, digits, pydoc_text"
+OFFLINE_SOURCES = "parquet (local shards), image_folder, text_files, digits, pydoc_text, shapes_segmentation"

@@ -10,6 +10,7 @@ from study.data.config import PATH_FIELDS, SOURCE_CONFIGS, DatasetConfig
 from study.data.hub import local_copy, require_hub
 from study.data.image_sources import HUB_PRESETS, load_hub_images, load_image_folder, load_parquet_images
 from study.data.offline import load_digits_task, load_pydoc_text_task
+from study.data.segmentation_sources import load_ade20k, load_shapes_segmentation
 from study.data.task_data import TaskData
 from study.data.text import gpt2_available
 from study.data.text_sources import load_fineweb_edu, load_text_files
@@ -25,6 +26,8 @@ LOADERS = {
     "image_folder": load_image_folder,
     "fineweb_edu": load_fineweb_edu,
     "text_files": load_text_files,
+    "ade20k": load_ade20k,
+    "shapes_segmentation": load_shapes_segmentation,
 }
 
 
@@ -47,8 +50,8 @@ def check_dataset(task: str, config: DatasetConfig) -> DatasetConfig:
         value = getattr(config, field_name, None)
         if value and not any(c in value for c in "*?[") and not os.path.exists(os.path.expanduser(value)):
             raise UserError(f"dataset.{field_name}: {value} does not exist")
-    if config.source in ("hf", "fineweb_edu"):
-        hub_id = config.hub_id if config.source == "fineweb_edu" else _hub_id(config.name)
+    if config.source in ("hf", "fineweb_edu", "ade20k"):
+        hub_id = _hub_id(config.name) if config.source == "hf" else config.hub_id
         if local_copy(hub_id, config.local_dir) is None:
             require_hub(config.source, hub_id)
     if getattr(config, "tokenizer", None) == "gpt2" and not config.tokenizer_file:
