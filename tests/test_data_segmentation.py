@@ -23,7 +23,8 @@ SHAPES = {"source": "shapes_segmentation", "image_size": 32, "num_train": 48, "n
 @pytest.fixture(autouse=True)
 def segmentation_task(monkeypatch):
     """No task reads segmentation data yet: a stand-in registered for these tests only."""
-    monkeypatch.setitem(study.tasks.TASKS, "segmentation", type("SegmentationStandIn", (), {"data_kind": "segmentation"}))
+    stand_in = type("SegmentationStandIn", (), {"data_kind": "segmentation"})
+    monkeypatch.setitem(study.tasks.TASKS, "segmentation", stand_in)
 
 
 def _load(dataset: dict, seed: int = 0):

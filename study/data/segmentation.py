@@ -21,12 +21,21 @@ from PIL import Image
 
 from study.data.build import IMAGE_BLOCK_BYTES, IMAGE_MAP_BATCH
 from study.data.epoch import EpochSource
-from study.data.images import IMAGENET_MEAN, IMAGENET_STD, BatchMixer, batch_crc, encoded_bytes, random_resized_boxes
-from study.data.images import to_pil
+from study.data.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    BatchMixer,
+    batch_crc,
+    encoded_bytes,
+    random_resized_boxes,
+    to_pil,
+)
 from study.data.task_data import TaskData
 from study.errors import UserError
 
-IGNORE_INDEX = 255  # the label of unlabelled pixels in every mask a segmentation source delivers
+# The label of unlabelled pixels in every mask a segmentation source delivers (models/probes.py's default ignore
+# index; not imported from there, so that the decode tasks start without torch)
+IGNORE_INDEX = 255
 
 
 def reduce_zero_label() -> np.ndarray:
@@ -165,7 +174,8 @@ def segmentation_task(cfg, train_rows, val_rows, *, seed: int, num_classes: int,
         val = val.materialize()
         if not random_train:
             train = train.materialize()
-    pixels = BatchMixer(num_classes=num_classes, mean=tuple(cfg.mean or IMAGENET_MEAN), std=tuple(cfg.std or IMAGENET_STD))
+    pixels = BatchMixer(num_classes=num_classes, mean=tuple(cfg.mean or IMAGENET_MEAN),
+                        std=tuple(cfg.std or IMAGENET_STD))
     if len(pixels.mean) != 3:
         raise UserError(f"dataset.mean/std: need 3 values (one per channel), got {len(pixels.mean)}")
     return TaskData(

@@ -59,7 +59,8 @@ def load_ade20k(cfg: ADE20KConfig, seed: int) -> TaskData:
     columns = [cfg.image_column, cfg.mask_column]
     read = lambda files: ray.data.read_parquet(files, filesystem=filesystem, columns=columns)  # noqa: E731
     if local:  # parquet footers: exact, and cheap on local files
-        num_train, num_val = (sum(_parquet_metadata(f, None).num_rows for f in files) for files in (train_files, val_files))
+        rows = lambda files: sum(_parquet_metadata(f, None).num_rows for f in files)  # noqa: E731
+        num_train, num_val = rows(train_files), rows(val_files)
     elif cfg.hub_id == ADE20KConfig.model_fields["hub_id"].default:
         num_train, num_val = ADE20K_SIZES.get(cfg.train_split), ADE20K_SIZES.get(cfg.val_split)
     else:
@@ -99,7 +100,8 @@ def render_shapes(seed, size: int, shapes_per_image: tuple[int, int] = (1, 4),
         image = rng.uniform(90, 160) + texture[..., None] + rng.normal(0, 4, (size, size, 1))  # grey
         image = np.repeat(image, 3, axis=2)
     else:
-        image = rng.uniform(40, 215, 3) + texture[..., None] * rng.uniform(0.5, 1.0, 3) + rng.normal(0, 6, (size, size, 3))
+        colour, strength = rng.uniform(40, 215, 3), rng.uniform(0.5, 1.0, 3)  # per channel
+        image = colour + texture[..., None] * strength + rng.normal(0, 6, (size, size, 3))
     image = np.clip(np.round(image), 0, 255).astype(np.uint8)
     mask = np.zeros((size, size), dtype=np.uint8)
     for _ in range(int(rng.integers(shapes_per_image[0], shapes_per_image[1] + 1))):
