@@ -40,31 +40,28 @@ class TransformerConfig:
         check_number("mlp_ratio", self.mlp_ratio, low=0.0, low_open=True)
         check_number("drop_path", self.drop_path, low=0.0, high=1.0, high_open=True)
         check_bool("qkv_bias", self.qkv_bias)
-        self.laplacian_counts = laplacian_schedule(self.schedule_spec(), self.depth, self.num_heads)
+        self.laplacian_counts = self._laplacian_counts()
         self.mixer_kinds = self._resolve_mixers()
         self._validate_mixer_options()
+
+    # Hooks a config with more than one stack of layers (models/encdec.py) overrides.
+
+    def _laplacian_counts(self) -> list[int]:
+        return laplacian_schedule(self.schedule_spec(), self.depth, self.num_heads)
+
+    def _all_mixer_kinds(self) -> list[str]:
+        """The mixer of every layer of the model, whichever stack it is in."""
+        return self.mixer_kinds
 
     def schedule_spec(self) -> dict:
         names = ("schedule", "k", "start_layer", "increment", "max_count", "k_per_layer")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def _resolve_mixers(self) -> list[str]:
-        # A comma-separated string ("stlt,attention,stlt,attention") is the list in one scalar, so a search space
-        # can offer per-layer choices as categorical values.
-        per_layer = isinstance(self.mixer, str) and "," in self.mixer
-        kinds = [k.strip() for k in self.mixer.split(",")] if per_layer else self.mixer
-        kinds = [kinds] * self.depth if isinstance(kinds, str) else kinds
-        if not isinstance(kinds, list | tuple) or len(kinds) != self.depth:
-            raise ConfigError("mixer", f"must be one of {sorted(MIXERS)} or a list (or comma-separated string) of "
-                                       f"{self.depth} of them (one per layer), got {self.mixer!r}")
-        for layer, kind in enumerate(kinds):
-            if kind not in MIXERS:
-                raise ConfigError(f"mixer[{layer}]" if not isinstance(self.mixer, str) or per_layer else "mixer",
-                                  f"must be one of {sorted(MIXERS)}, got {kind!r}")
-        return list(kinds)
+        return resolve_mixer_kinds("mixer", self.mixer, self.depth)
 
     def _validate_mixer_options(self) -> None:
-        used = set(self.mixer_kinds)
+        used = set(self._all_mixer_kinds())
         for key in self.mixer_options:
             owners = [name for name, spec in MIXERS.items() if key in spec.keys]
             if not owners:
@@ -74,6 +71,23 @@ class TransformerConfig:
         for kind in used:
             if MIXERS[kind].validate is not None:
                 MIXERS[kind].validate(self.mixer_options)
+
+
+def resolve_mixer_kinds(key: str, value, depth: int) -> list[str]:
+    """The registry name of each of ``depth`` layers from a `mixer`-style key: one name, a list, or the list as one
+    comma-separated string ("stlt,attention,stlt,attention"), so a search space can offer per-layer choices as
+    categorical values."""
+    per_layer = isinstance(value, str) and "," in value
+    kinds = [k.strip() for k in value.split(",")] if per_layer else value
+    kinds = [kinds] * depth if isinstance(kinds, str) else kinds
+    if not isinstance(kinds, list | tuple) or len(kinds) != depth:
+        raise ConfigError(key, f"must be one of {sorted(MIXERS)} or a list (or comma-separated string) of "
+                               f"{depth} of them (one per layer), got {value!r}")
+    for layer, kind in enumerate(kinds):
+        if kind not in MIXERS:
+            raise ConfigError(f"{key}[{layer}]" if not isinstance(value, str) or per_layer else key,
+                              f"must be one of {sorted(MIXERS)}, got {kind!r}")
+    return list(kinds)
 
 
 def config_from_flat(cls: type[TransformerConfig], flat: Mapping) -> TransformerConfig:

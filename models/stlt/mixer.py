@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.stlt.config import STLTConfig
+from models.stlt.naive import decay_log
 from models.stlt.op import stlt_mix
 
 SIGMA_MIN, SIGMA_INIT_MAX, T_MIN = 1e-3, 10.0, 4.0
@@ -138,12 +139,17 @@ class STLTMixer(nn.Module):
     def C(self) -> torch.Tensor:
         return torch.view_as_complex(self.readout)
 
-    def gate_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, S) from the sequence mean (bilateral) or (B, N, S) from prefix means (causal)."""
+    def gate_logits(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, S) from the sequence mean (bilateral) or (B, N, S) from prefix means (causal); with ``keep``
+        (B, N, 1), 1 at tokens and 0 at padding, the means are over the tokens only."""
+        if keep is None:
+            if not self.causal:
+                return x.mean(dim=1) @ self.gate_weight.T + self.gate_bias
+            counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[:, None]
+            return (x @ self.gate_weight.T).cumsum(dim=1) / counts + self.gate_bias
         if not self.causal:
-            return x.mean(dim=1) @ self.gate_weight.T + self.gate_bias
-        counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[:, None]
-        return (x @ self.gate_weight.T).cumsum(dim=1) / counts + self.gate_bias
+            return (x * keep).sum(dim=1) @ self.gate_weight.T / keep.sum(dim=1).clamp(min=1) + self.gate_bias
+        return (x @ self.gate_weight.T * keep).cumsum(dim=1) / keep.cumsum(dim=1).clamp(min=1) + self.gate_bias
 
     def node_mask(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.training:
@@ -152,23 +158,71 @@ class STLTMixer(nn.Module):
         u = torch.rand(noise_shape, device=logits.device, dtype=logits.dtype).clamp(1e-6, 1 - 1e-6)
         return torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.tau)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, D) -> (B, N, D). ``padding_mask`` (B, N), True at padding: padded positions add nothing to the
+        transform (their values are zeroed) nor to the gate's means, so a token's output is the same whatever
+        padding its sequence has after it (bilateral: wherever it is, for positions kept in place)."""
         v = self.value(x)
-        mask = self.node_mask(self.gate_logits(x))
+        keep = None if padding_mask is None else (~padding_mask).to(x.dtype)[..., None]  # (B, N, 1)
+        if keep is not None:
+            v = v * keep
+        mask = self.node_mask(self.gate_logits(x, keep))
         rows = mask.reshape(-1, self.num_nodes)
+        if keep is not None and mask.dim() == 3:  # per-position masks: padded positions are no rows of the batch
+            rows = rows[keep.reshape(-1) > 0]
         self._mask_mean = rows.detach().mean(dim=0)
         if torch.is_grad_enabled():
             self._count_masks(rows)
         sigma, omega, C = self.sigma, self.omega, self.C
         if not self.training:
             # Nodes off for every sequence and position of the batch cost nothing: drop them before the mix.
-            active = (mask.reshape(-1, self.num_nodes) > 0).any(dim=0).nonzero().squeeze(1)
+            active = (rows > 0).any(dim=0).nonzero().squeeze(1)
             if active.numel() == 0:
                 return self.out_proj(torch.zeros_like(v))
             if active.numel() < self.num_nodes:
                 sigma, omega, C, mask = sigma[active], omega[active], C[active], mask[..., active]
         y = stlt_mix(v, sigma, omega, self.T, C, mask, delta=self.delta, causal=self.causal, backend=self.backend)
         return self.out_proj(y)
+
+    # Step-by-step decoding (the encoder-decoder's incremental decoder, models/encdec.py). Named decode_step: `step`
+    # is the buffer holding the optimiser step.
+
+    def init_state(self, batch_size: int, *, device=None, dtype: torch.dtype = torch.float32) -> dict:
+        """The causal recurrence's state before the first token: per sequence, node and channel the transform
+        L (complex, (B, S, D)), the sum of the gate's projections of the tokens so far (B, S) and their count (B, 1).
+        Its size never grows with the number of tokens decoded. In training mode it also holds the gate's logistic
+        noise (B, S), drawn once per sequence as forward draws it."""
+        if not self.causal:
+            raise ValueError("a bilateral STLT mixes the whole sequence at once; only a causal one decodes step by step")
+        device = self.sigma_raw.device if device is None else device
+        cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        B, S = batch_size, self.num_nodes
+        state = {"L": torch.zeros(B, S, self.dim, device=device, dtype=cdtype),
+                 "gate_sum": torch.zeros(B, S, device=device, dtype=dtype),
+                 "count": torch.zeros(B, 1, device=device, dtype=dtype)}
+        if self.training:
+            u = torch.rand(B, S, device=device, dtype=dtype).clamp(1e-6, 1 - 1e-6)
+            state["noise"] = torch.log(u) - torch.log1p(-u)
+        return state
+
+    def decode_step(self, x_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """One position of the causal mix: x_t (B, D) -> (y_t (B, D), the next state), O(S D) work whatever the
+        position. The recurrence of the definition, L_n = a L_{n-1} + v_n, and its readout
+        y_n = sum_k m[n,k] Re(C_k L_n,k) with the gate on the prefix mean of the tokens so far; forward over the
+        whole sequence gives the same outputs. Steps feed no regulariser (they decode; they do not train)."""
+        v = self.value(x_t)
+        cdtype = state["L"].dtype
+        a = torch.exp(decay_log(self.sigma, self.omega, self.T, self.delta)).to(cdtype)  # (S,)
+        L = a[:, None] * state["L"] + v.to(cdtype)[:, None, :]
+        gate_sum = state["gate_sum"] + x_t @ self.gate_weight.T
+        count = state["count"] + 1
+        logits = gate_sum / count + self.gate_bias
+        if "noise" in state:
+            mask = torch.sigmoid((logits + state["noise"]) / self.tau)
+        else:
+            mask = (logits > 0).to(logits.dtype)
+        y = torch.einsum("bk,bkd->bd", mask.to(v.dtype), (self.C.to(cdtype) * L).real.to(v.dtype))
+        return self.out_proj(y), {**state, "L": L, "gate_sum": gate_sum, "count": count}
 
     # Hooks the models forward to every mixer (models/base.py).
 
