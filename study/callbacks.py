@@ -38,7 +38,8 @@ class StudyProgress(Callback):
     stopped early, failed, running, best so far) whenever a trial ends and at least every 30 s."""
 
     def __init__(self, space: SearchSpace, num_samples: int):
-        self.metrics, self.modes, self.epochs, self.num_samples = space.metrics, space.modes, space.epochs, num_samples
+        self.metrics, self.modes, self.num_samples = space.metrics, space.modes, num_samples
+        self.epochs = space.total_epochs
         self._reset()
 
     def _reset(self):

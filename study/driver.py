@@ -14,7 +14,7 @@ import ray
 from ray import tune
 
 from study.callbacks import CloseTrialRuns, StudyProgress
-from study.data import TaskData
+from study.data import TaskData, check_dataset
 from study.errors import UserError
 from study.folder import SPACE_FILE, StudyFolder, StudyRecord
 from study.preflight import Request, preflight
@@ -102,12 +102,15 @@ def run_study(options: RunOptions) -> int:
     trainable = tune.with_resources(tune.with_parameters(trial_driver, study=context),
                                     trial_driver_resources(ray.cluster_resources()))
     trials = num_samples * len(seeds)
-    callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.epochs), StudyProgress(space, trials)]
+    callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.total_epochs), StudyProgress(space, trials)]
     replicated = f" ({num_samples} configurations x {len(seeds)} seeds)" if len(seeds) > 1 else ""
     print(f"study {name} in {folder.path}: {trials} trials{replicated} of {space.epochs} epochs, up to "
           f"{launch.concurrency} at a time, {resources.workers} worker(s) x {resources.cpus_per_worker:g} CPU"
           + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial", flush=True)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
+    if any("/" in metric for metric in space.metrics):
+        # The metric of a later stage is in that stage's reports only; Tune would refuse the earlier ones.
+        os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     if stored:
         tuner = tune.Tuner.restore(str(folder.path), trainable=trainable, resume_unfinished=True, resume_errored=True)
     else:
@@ -149,6 +152,8 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
     all of them with the keys the data fixes, and each one's batch against the training split."""
     if task_data is None:
         space.check_configs(before_data=True)
+        for stage in space.stages:
+            check_dataset(stage.task, stage.dataset or space.dataset)
         return
 
     def fits_the_data(hyperparameters):

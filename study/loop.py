@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections import Counter
 from contextlib import closing, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray.train
@@ -26,11 +26,36 @@ import models
 from study.optim import build_optimizer, build_schedule, peak_lr
 from study.plots import draw_geometry, draw_layer_history
 from study.runspec import RunSpec, slow_lr_scale
-from study.state import TrainState
-from study.tasks import Task, task_class
-from study.tracking import RunLogger, TrackingTarget, run_params
+from study.state import CHECKPOINT_FILE, TrainState
+from study.tasks import StepSettings, Task, task_class
+from study.tracking import RAY_ONLY_KEYS, RunLogger, TrackingTarget, run_params
 from study.worker import Worker, seed_everything
 from study.yamlio import dump_yaml
+
+
+# What a report carries besides a stage's own metrics: Ray's bookkeeping and the run's epoch counter.
+BOOKKEEPING = RAY_ONLY_KEYS | {"epoch", "step", "stage", "diverged", "error"}
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """Where a stage stands in its run (study/stages.py)."""
+
+    name: str | None = None  # None: the run's first stage, whose metrics keep their names
+    epoch_offset: int = 0  # the epochs of the stages before it: its epoch e is the run's epoch offset + e
+    carried_from: str | None = None  # the previous stage's last checkpoint, whose `carry` this stage starts from
+    carried_metrics: dict = field(default_factory=dict)  # the earlier stages' final metrics, reported along
+
+    def named(self, metrics: dict) -> dict:
+        """A stage's metrics as the run reports them: `<stage>/<metric>` in a later stage."""
+        if self.name is None:
+            return metrics
+        return {key if key in BOOKKEEPING else f"{self.name}/{key}": value for key, value in metrics.items()}
+
+    def carried(self) -> dict | None:
+        if self.carried_from is None:
+            return None
+        return torch.load(Path(self.carried_from) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)["carry"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +71,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     task_data = loop_config["task_data"]
     plan: LoopPlan = loop_config["plan"]
     target: TrackingTarget | None = loop_config["tracking"]
+    stage: StageContext = loop_config["stage"]
     context = ray.train.get_context()
     worker = Worker(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device())
     torch.set_num_threads(spec.resources.threads)
@@ -53,7 +79,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     seed_everything(spec.seed)  # the same initial weights on every worker
-    model = models.build_model(spec.model_config_flat)
+    task_type = task_class(spec.task)
+    model = task_type.build_model(spec.model_config_flat, spec.hyperparameters, stage.carried())
     num_params = models.count_parameters(model)
     wrapped = ray.train.torch.prepare_model(model)
     optimizer = build_optimizer(model, spec.train, slow_lr_scale(spec.model_config_flat))
@@ -66,18 +93,19 @@ def train_loop_per_worker(loop_config: dict) -> None:
     origin = {"resumed_from_epoch": state.epoch, "worker_node_id": ray.get_runtime_context().get_node_id(),
               "worker_pid": os.getpid()}
     if state.epoch >= spec.epochs:  # restarted after the last checkpoint: hand the final result to Tune again
-        state.report({**state.history[-1], "mlflow_run_id": state.mlflow_run_id, **origin}, worker.rank)
+        state.report({**stage.carried_metrics, **state.history[-1], "mlflow_run_id": state.mlflow_run_id,
+                      **origin}, worker.rank)
         return
 
     logger = _open_run(target, spec, num_params, task_data.params, state) if worker.rank == 0 else None
-    task = task_class(spec.task)(model, worker, seed=spec.seed, geometry=spec.geometry, loss=spec.train.loss)
-    train_shard, val_shard = ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val")
-    eval_batch = 2 * plan.batch_per_worker
+    task = task_type(model, worker, seed=spec.seed, geometry=spec.geometry, hyperparameters=spec.hyperparameters)
+    shards = {split: ray.train.get_dataset_shard(split) for split in task_data.splits}
+    train_shard, eval_batch = shards["train"], 2 * plan.batch_per_worker
 
-    def val_batches():
-        return task_data.val_batches(val_shard, batch_size=eval_batch, device=worker.device)
+    def eval_batches(split: str = "val"):
+        return task_data.val_batches(shards[split], batch_size=eval_batch, device=worker.device)
 
-    task.setup(val_batches)
+    task.setup(eval_batches)
     with closing(logger) if logger is not None else nullcontext():  # closing stops its system-metrics monitor
         for epoch in range(state.epoch + 1, spec.epochs + 1):
             seed_everything(spec.seed, epoch, worker.rank)
@@ -88,7 +116,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             pictures = None
             if math.isfinite(metrics["train_loss"]):
                 evaluated = time.perf_counter()
-                evaluation = task.evaluate(val_batches(), autocast=worker.autocast(spec.train.precision),
+                evaluation = task.evaluate(eval_batches(), autocast=worker.autocast(spec.train.precision),
                                            geometry=spec.geometry.due(epoch, spec.epochs))
                 metrics.update(evaluation.metrics, eval_s=time.perf_counter() - evaluated, **model.mixer_stats())
                 pictures = evaluation.pictures
@@ -97,23 +125,27 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 metrics.update({name: math.nan for name in task.quality_metrics}, diverged=1,
                                error=f"training diverged: train_loss is {metrics['train_loss']} at epoch {epoch}")
             state.epoch = epoch
-            state.history.append(metrics)
+            named = stage.named({**metrics, "epoch": stage.epoch_offset + epoch})
+            state.history.append(named)
             if logger is not None:
-                logger.log_epoch(epoch, metrics)
+                logger.log_epoch(named["epoch"], named)
                 if "error" in metrics:
                     logger.set_tags({"lapstudy.error": metrics["error"]})
                 if pictures is not None:
-                    _log_pictures(logger, pictures, state.history, spec)
-            state.report({**metrics, "mlflow_run_id": state.mlflow_run_id, **origin}, worker.rank)
+                    _log_pictures(logger, pictures, state.history, spec, stage)
+            last = epoch == spec.epochs
+            state.report({**stage.carried_metrics, **named, "stage": stage.name or "",
+                          "mlflow_run_id": state.mlflow_run_id, **origin}, worker.rank,
+                         carry=task.carry() if last else None)
             if "diverged" in metrics:
                 return
 
 
 def train_epoch(state: TrainState, task: Task, batches, spec: RunSpec, plan: LoopPlan) -> dict:
     """One epoch of optimiser steps over this worker's training batches; its training metrics over all workers."""
-    worker, train = task.worker, spec.train
-    autocast = worker.autocast(train.precision)
-    total_steps = plan.steps_per_epoch * spec.epochs
+    worker = task.worker
+    settings = StepSettings(worker.autocast(spec.train.precision), spec.train.grad_clip, plan.steps_per_epoch,
+                            spec.epochs)
     state.trained.train()
     loss_sum = torch.zeros((), device=worker.device, dtype=torch.float64)
     counts: Counter = Counter()
@@ -123,19 +155,9 @@ def train_epoch(state: TrainState, task: Task, batches, spec: RunSpec, plan: Loo
     for batch in stream:
         if done == plan.steps_per_epoch:
             break
-        state.model.set_training_step(state.step, total_steps)
-        with autocast:
-            loss = task.loss(state.trained, batch)
-        total = loss + state.model.regularization_loss()
-        state.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        if train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(state.trained.parameters(), train.grad_clip)
-        state.optimizer.step()
-        state.scheduler.step()
-        state.step += 1
+        loss = task.train_step(state, batch, settings)
         done += 1
-        loss_sum += loss.detach().double()
+        loss_sum += loss.double()
         counts.update(task.count(batch))
     if worker.device.type == "cuda":
         torch.cuda.synchronize(worker.device)
@@ -183,15 +205,16 @@ def _open_run(target: TrackingTarget | None, spec: RunSpec, num_params: int, dat
     return logger
 
 
-def _log_pictures(logger: RunLogger, pictures, history: list[dict], spec: RunSpec) -> None:
+def _log_pictures(logger: RunLogger, pictures, history: list[dict], spec: RunSpec, stage: StageContext) -> None:
     """The last epoch's pictures (as geometry/*.png, and under geometry/epoch_<n>/ at every geometry epoch but the
-    last), and every layer's geometry over the epochs so far."""
+    last; a later stage's under <stage>/geometry/), and every layer's geometry over the epochs so far."""
     epoch, k = history[-1]["epoch"], spec.hyperparameters.get("k")
+    where = "geometry" if stage.name is None else f"{stage.name}/geometry"
     with tempfile.TemporaryDirectory() as folder:
         draw_geometry(pictures, Path(folder), f"epoch {epoch}" + (f", k={k}" if k is not None else ""))
-        logger.log_artifacts(folder, "geometry")
-        if epoch < spec.epochs:
-            logger.log_artifacts(folder, f"geometry/epoch_{epoch:04d}")
+        logger.log_artifacts(folder, where)
+        if epoch < stage.epoch_offset + spec.epochs:
+            logger.log_artifacts(folder, f"{where}/epoch_{epoch:04d}")
     with tempfile.TemporaryDirectory() as folder:
         draw_layer_history(history, Path(folder), f"k={k}" if k is not None else "")
-        logger.log_artifacts(folder, "geometry")
+        logger.log_artifacts(folder, where)

@@ -32,6 +32,8 @@ def build_optimizer(model, train: TrainConfig, slow_scale: float) -> torch.optim
     betas = (train.beta1, train.beta2)
     if train.optimizer == "lamb":
         return Lamb(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
+    if train.optimizer == "sgd":  # coupled weight decay, as torch's SGD (and eval_linear.py) apply it
+        return torch.optim.SGD(groups, lr=train.lr, momentum=train.beta1, weight_decay=train.weight_decay)
     return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
 
 

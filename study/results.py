@@ -105,7 +105,7 @@ def record_from_trial(trial, epochs: int, *, finished: bool = False) -> TrialRec
 
 def load_records(folder: StudyFolder) -> list[TrialRecord]:
     folder.record()  # a clear error when the folder is not a study
-    epochs = folder.space().epochs
+    epochs = folder.space().total_epochs
     try:
         analysis = ExperimentAnalysis(str(folder.path))
     except Exception as exc:  # noqa: BLE001 - no (readable) experiment state

@@ -25,7 +25,9 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="AdamW, or LAMB (pytorch_optimizer) as in DeiT III")
+    optimizer: Literal["adamw", "lamb", "sgd"] = Field(
+        "adamw", description="AdamW; LAMB (pytorch_optimizer) as in DeiT III; SGD with momentum beta1 (Nesterov off) "
+                             "as DINO's linear probe trains")
     lr: float = Field(1e-3, gt=0, description="peak learning rate for the global batch")
     weight_decay: float = Field(0.05, ge=0, description="decoupled weight decay on matrices (not norms, biases, embeddings)")
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -45,7 +47,10 @@ class TrainConfig(BaseModel):
 
 
 TRAIN_KEYS: frozenset[str] = frozenset(TrainConfig.model_fields)
-HYPERPARAMETER_KEYS: frozenset[str] = TRAIN_KEYS | models.MODEL_KEYS
+# The keys tasks add of their own (study/tasks: `Task.options`), each owned by one task.
+OPTION_KEYS: dict[str, str] = {key: name for name, task in TASKS.items() if task.options is not None
+                               for key in task.options.model_fields}
+HYPERPARAMETER_KEYS: frozenset[str] = TRAIN_KEYS | models.MODEL_KEYS | frozenset(OPTION_KEYS)
 
 
 class Resources(BaseModel):
@@ -61,6 +66,23 @@ class Resources(BaseModel):
         return max(1, int(self.cpus_per_worker))
 
 
+class StageSpec(BaseModel):
+    """A later stage of every run: trained after the stage before it, from what that stage carries forward (its
+    model, or the backbone it trained), under the run's one MLflow run, its metrics named `<stage>/<metric>`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", description="names its metrics, <name>/<metric>")
+    task: str = Field(description="a registered task (study/tasks)")
+    epochs: int = Field(ge=1)
+    dataset: DatasetConfig | None = Field(None, description="its data (default: the run's)")
+    hyperparameters: dict[str, Any] = Field(default_factory=dict, description="over the run's model and training "
+                                                                               "keys: what this stage changes")
+    geometry: GeometrySpec | None = Field(None, description="its geometry settings (default: the run's)")
+
+    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+
+
 class RunSpec(BaseModel):
     """One run: everything `lapstudy train` needs to repeat a trial."""
 
@@ -73,6 +95,7 @@ class RunSpec(BaseModel):
     hyperparameters: dict[str, Any]
     geometry: GeometrySpec = GeometrySpec()
     resources: Resources = Resources()
+    stages: list[StageSpec] = Field(default_factory=list, description="what the run trains after this, in order")
     provenance: dict[str, Any] = Field(default_factory=dict, description="where the run came from (study, trial...)")
 
     _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
@@ -82,7 +105,32 @@ class RunSpec(BaseModel):
         check_data_kind(self.task, self.dataset, "dataset")
         check_hyperparameter_names(self.hyperparameters, "hyperparameters")
         check_loss(self.hyperparameters.get("loss", "ce"), self.task, self.dataset, "hyperparameters.loss")
+        check_stages(self.stages)
+        for i, stage in enumerate(self.stages):
+            check_data_kind(stage.task, stage.dataset or self.dataset, f"stages[{i}].dataset")
+            check_hyperparameter_names(stage.hyperparameters, f"stages[{i}].hyperparameters")
         return self
+
+    @property
+    def total_epochs(self) -> int:
+        """Epochs of every stage: the last epoch number a run reports."""
+        return self.epochs + sum(stage.epochs for stage in self.stages)
+
+    def stage_runs(self) -> list[tuple[str | None, int, "RunSpec"]]:
+        """(name, epochs before it, what it trains) of every stage in order; the first is this run itself (name
+        None). A later stage keeps the run's model and training keys under its own, except the model keys its
+        task lets its data set anew (`Task.data_sets`)."""
+        runs = [(None, 0, self.model_copy(update={"stages": []}))]
+        offset = self.epochs
+        for stage in self.stages:
+            kept = {k: v for k, v in self.hyperparameters.items()
+                    if k in models.MODEL_KEYS | TRAIN_KEYS and k not in task_class(stage.task).data_sets}
+            runs.append((stage.name, offset, self.model_copy(update={
+                "task": stage.task, "epochs": stage.epochs, "dataset": stage.dataset or self.dataset,
+                "hyperparameters": {**kept, **stage.hyperparameters}, "geometry": stage.geometry or self.geometry,
+                "stages": []})))
+            offset += stage.epochs
+        return runs
 
     @property
     def train(self) -> TrainConfig:
@@ -100,6 +148,12 @@ class RunSpec(BaseModel):
 # Model keys whose validity depends on the data (the data fixes them, or they are checked against one it fixes):
 # a check made before the data is opened leaves them to the full check after.
 DATA_SHAPED_KEYS = frozenset({"image_size", "patch_size", "in_chans", "num_classes", "vocab_size", "context_length"})
+
+
+def check_stages(stages: list[StageSpec]) -> None:
+    names = [stage.name for stage in stages]
+    if len(set(names)) != len(names):
+        raise ValueError(f"stages: each stage name once, got {names}")
 
 
 def check_data_kind(task: str, dataset, where: str) -> None:
@@ -130,12 +184,25 @@ def train_config(hyperparameters: dict, where: str = "hyperparameters") -> Train
     return validate(TrainConfig, {k: v for k, v in hyperparameters.items() if k in TRAIN_KEYS}, prefix=f"{where}.")
 
 
+def task_options(hyperparameters: dict, task: str, where: str = "hyperparameters") -> dict:
+    """The task's own keys of `hyperparameters`, checked, with their defaults; UserError for another task's key."""
+    owner = task_class(task)
+    for key in hyperparameters:
+        if key in OPTION_KEYS and OPTION_KEYS[key] != task:
+            raise UserError(f"{where}.{key}: is a key of task {OPTION_KEYS[key]}, not of {task}", field=key)
+    if owner.options is None:
+        return {}
+    return validate(owner.options, owner.option_values(hyperparameters), prefix=f"{where}.").model_dump()
+
+
 def check_hyperparameter_names(names, where: str) -> None:
     for name in names:
         if name not in HYPERPARAMETER_KEYS:
+            tasks = f"; task keys {', '.join(sorted(OPTION_KEYS))}" if OPTION_KEYS else ""
             raise UserError(
                 f"{where}.{name}: is not a hyperparameter; allowed: model keys "
-                f"{', '.join(sorted(models.MODEL_KEYS))} (docs/config.md) or training keys {', '.join(sorted(TRAIN_KEYS))}"
+                f"{', '.join(sorted(models.MODEL_KEYS))} (docs/config.md), training keys "
+                f"{', '.join(sorted(TRAIN_KEYS))}{tasks}"
             )
 
 
@@ -166,6 +233,7 @@ def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparame
 
 def _check_run_config(hyperparameters: dict, task: str, where: str) -> dict:
     train_config(hyperparameters, where)
+    task_options(hyperparameters, task, where)
     family = task_class(task).model_family
     flat = model_part(hyperparameters)
     if "model" not in flat and "preset" not in flat:
@@ -191,7 +259,7 @@ def complete_hyperparameters(hyperparameters: dict, data_overrides: dict, task: 
     if "stlt" in models.build_config(model).mixer_kinds:  # STLT layers: their options with defaults too
         model.update(dataclasses.asdict(stlt_config(model)))
     training = train_config(with_data, where).model_dump()
-    return {**model, **training}
+    return {**model, **training, **task_options(with_data, task, where)}
 
 
 def slow_lr_scale(model_config: dict) -> float:

@@ -168,7 +168,7 @@ def make_scheduler(space: SearchSpace):
         time_attr="epoch",  # reported explicitly: training_iteration restarts when a trial is restored
         metric=space.metrics[0],
         mode=space.modes[0],
-        max_t=space.epochs,
+        max_t=space.total_epochs,  # the trial runs its later stages too: ASHA must not stop it at their start
         grace_period=space.scheduler.grace_period,
         reduction_factor=space.scheduler.reduction_factor,
     )

@@ -20,11 +20,13 @@ from study.runspec import (
     HYPERPARAMETER_KEYS,
     Resources,
     RunSpec,
+    StageSpec,
     apply_data_overrides,
     check_hyperparameter_names,
     check_data_kind,
     check_loss,
     check_run_config,
+    check_stages,
 )
 from study.tasks import GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
@@ -203,6 +205,8 @@ class SearchSpace(_Strict):
     parameters: dict[str, Parameter] = Field(default_factory=dict)
     conditional: list[ConditionalGroup] = Field(default_factory=list)
     points_to_evaluate: list[dict[str, Scalar]] = Field(default_factory=list)
+    stages: list[StageSpec] = Field(default_factory=list, description="what every trial trains after its first "
+                                                                      "stage, in order (docs/study.md, stages)")
 
     _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
     _sampler = field_validator("sampler", "scheduler", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
@@ -283,8 +287,19 @@ class SearchSpace(_Strict):
     def multi_objective(self) -> bool:
         return isinstance(self.metric, list) and len(self.metric) > 1
 
+    @property
+    def total_epochs(self) -> int:
+        """Epochs of every stage: the last epoch number a trial reports."""
+        return self.epochs + sum(stage.epochs for stage in self.stages)
+
+    def epoch_metrics(self) -> tuple[str, ...]:
+        """What a sampler or ASHA may optimise: the first stage's epoch metrics, and each later stage's as
+        <stage>/<metric>."""
+        later = (f"{stage.name}/{m}" for stage in self.stages for m in task_class(stage.task).epoch_metrics())
+        return (*task_class(self.task).epoch_metrics(), *later)
+
     def _check_objectives(self):
-        allowed = task_class(self.task).epoch_metrics()
+        allowed = self.epoch_metrics()
         if not self.metrics:
             raise ValueError(f"metric: give at least one of {', '.join(allowed)}")
         for name in self.metrics:
@@ -296,6 +311,13 @@ class SearchSpace(_Strict):
             raise ValueError(f"mode: one mode (min or max) per metric, got metric {self.metric} and mode {self.mode}")
         if self.multi_objective and self.scheduler.kind != "none":
             raise ValueError("scheduler: asha stops trials on one metric; with several metrics use scheduler: none")
+        check_stages(self.stages)
+        if self.scheduler.kind == "asha" and "/" in self.metrics[0]:
+            raise ValueError(f"scheduler: asha judges trials during their first stage; {self.metrics[0]} is reported "
+                             "by a later one: use scheduler: none")
+        for i, stage in enumerate(self.stages):
+            check_data_kind(stage.task, stage.dataset or self.dataset, f"stages[{i}].dataset")
+            check_hyperparameter_names(stage.hyperparameters, f"stages[{i}].hyperparameters")
         check_data_kind(self.task, self.dataset, "dataset")
         if self.scheduler.kind == "asha" and self.scheduler.grace_period > self.epochs:
             raise ValueError(f"scheduler.grace_period: must be <= epochs ({self.epochs}), got {self.scheduler.grace_period}")
@@ -426,6 +448,7 @@ class SearchSpace(_Strict):
             seed=self.seed if seed is None else seed,
             hyperparameters=hyperparameters,
             geometry=self.geometry.model_copy(update={"at_epochs": self.judged_epochs()}),
+            stages=self.stages,
             resources=resources,
             provenance=provenance or {},
         )
@@ -440,6 +463,7 @@ class SearchSpace(_Strict):
         checked = 0
         for sampled, blame in self._corner_configs():
             hyperparameters = self.resolve(sampled)
+            self._check_stages(hyperparameters)
             try:
                 if data_overrides:
                     hyperparameters = apply_data_overrides(hyperparameters, data_overrides)
@@ -451,6 +475,13 @@ class SearchSpace(_Strict):
                 raise UserError(self._blame(str(exc), sampled, blame, data_overrides or {}), field=exc.field) from None
             checked += 1
         return checked
+
+    def _check_stages(self, hyperparameters: dict) -> None:
+        """Every later stage's model and training keys (the keys its data shapes wait for its data, which the trial
+        opens when the stage starts)."""
+        run = self.run_spec(hyperparameters, Resources())
+        for i, (_, _, stage) in enumerate(run.stage_runs()[1:]):
+            check_run_config(stage.hyperparameters, stage.task, f"stages[{i}].hyperparameters", before_data=True)
 
     def _blame(self, message: str, sampled: dict, blame: str, data_overrides: dict) -> str:
         """Point the message at where the space defines the faulty key, with the values that make it fail."""

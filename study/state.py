@@ -39,15 +39,15 @@ class TrainState:
         self.epoch, self.step, self.history = saved["epoch"], saved["step"], saved["history"]
         self.mlflow_run_id = saved.get("mlflow_run_id", "")
 
-    def report(self, metrics: dict, rank: int) -> None:
+    def report(self, metrics: dict, rank: int, carry: dict | None = None) -> None:
         """Report `metrics` to Ray (a barrier: every worker calls it); rank 0 attaches the checkpoint, so that a
-        restart resumes from here."""
+        restart resumes from here. `carry`: what the run's next stage starts from (saved with the last epoch)."""
         if rank != 0:
             ray.train.report(metrics)
             return
         with tempfile.TemporaryDirectory() as folder:
             torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step,
-                        "history": self.history, "mlflow_run_id": self.mlflow_run_id},
+                        "history": self.history, "mlflow_run_id": self.mlflow_run_id, "carry": carry},
                        Path(folder) / CHECKPOINT_FILE)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))

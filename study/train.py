@@ -9,14 +9,15 @@ from pathlib import Path
 
 import ray
 
-from study.data import TaskData
+from study.data import TaskData, load_task_data
 from study.errors import UserError, validate
 from study.preflight import Request, preflight
 from study.runspec import Resources, RunSpec, check_run_config, complete_hyperparameters
 from study.status import TrialStatus, trial_status
 from study.tasks import task_class
+from study.stages import run_stages
 from study.tracking import TrackingTarget, close_run, open_experiment, redact
-from study.trainer import build_trainer, plan_run
+from study.trainer import RunSetup, plan_run
 from study.yamlio import dump_yaml, load_yaml
 
 EXPERIMENT = "lapstudy-train"
@@ -55,22 +56,21 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
     tracking_uri, experiment_id = open_experiment(tracking_uri, storage, EXPERIMENT, must_be_new=False)
     name = f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     (storage / f"{name}.yaml").write_text(dump_yaml(spec.document()))
-    trainer = build_trainer(spec, task_data, name=name, storage_path=storage,
-                            tracking=TrackingTarget(tracking_uri, experiment_id, name, None, None),
-                            callbacks=[], max_failures=2)
-    print(f"training {path} as run {name} ({spec.epochs} epochs, {spec.resources.workers} worker(s)); "
+    # Its name is also its MLflow run's trial id: every stage finds the one run.
+    setup = RunSetup(storage_path=storage, tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None))
+    print(f"training {path} as run {name} ({spec.total_epochs} epochs, {spec.resources.workers} worker(s)); "
           f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)
     try:
-        result = trainer.fit()
+        metrics = run_stages(spec, name, setup, task_data,
+                             lambda stage: load_task_data(stage.task, stage.dataset, seed=spec.seed))
     except Exception as exc:
-        status, error = trial_status("ERROR", None, spec.epochs, error=str(exc))
-        close_run(tracking_uri, experiment_id, run_id=None, trial_id=None, status=status, error=error)
+        status, error = trial_status("ERROR", None, spec.total_epochs, error=str(exc))
+        close_run(tracking_uri, experiment_id, run_id=None, trial_id=name, status=status, error=error)
         raise
-    metrics = result.metrics or {}
     run_id = metrics.get("mlflow_run_id") or None
-    status, error = trial_status("TERMINATED", metrics, spec.epochs)
-    close_run(tracking_uri, experiment_id, run_id=run_id, trial_id=None, status=status, error=error,
-              checkpoint=result.checkpoint.path if result.checkpoint else None)
+    status, error = trial_status("TERMINATED", metrics, spec.total_epochs)
+    close_run(tracking_uri, experiment_id, run_id=run_id, trial_id=name, status=status, error=error,
+              checkpoint=metrics.get("checkpoint_path"))
     keys = ("train_loss", *task_class(spec.task).quality_metrics)
     print(comparison(metrics, spec.provenance.get("final_metrics") or {}, keys), flush=True)
     print(f"MLflow run {run_id} in experiment {EXPERIMENT!r}; checkpoints in {storage / name}", flush=True)

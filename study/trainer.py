@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray.train
 from ray.train.torch import TorchTrainer
 
 from study.errors import UserError
-from study.loop import LoopPlan, train_loop_per_worker
+from study.loop import LoopPlan, StageContext, train_loop_per_worker
 from study.runspec import RunSpec
 from study.tracking import TrackingTarget
 
@@ -38,28 +39,38 @@ def plan_run(spec: RunSpec, num_train: int | None) -> LoopPlan:
     return LoopPlan(steps_per_epoch=steps, batch_per_worker=per_worker)
 
 
-def build_trainer(spec: RunSpec, task_data, *, name: str, storage_path: Path, tracking: TrackingTarget | None,
-                  callbacks: list, max_failures: int, worker_resources: dict | None = None) -> TorchTrainer:
-    """The trainer of one run. `name` + `storage_path` identify it: a trainer built again with the same ones (a
-    restarted trial) resumes from the run's latest checkpoint. `worker_resources`: custom Ray resources each worker
-    asks for on top of its CPUs and GPUs (placement on a kind of node; not part of what the run computes)."""
+@dataclass(frozen=True)
+class RunSetup:
+    """Where and how the trainers of one run (all its stages) run."""
+
+    storage_path: Path  # the trainers' runs (checkpoints) go under it, each under its fixed name
+    tracking: TrackingTarget | None  # None: no MLflow
+    callbacks: list = field(default_factory=list)  # Ray Train callbacks (TuneReportCallback inside a study)
+    max_failures: int = 2  # restarts of a worker group after a crash or a lost node
+    worker_resources: dict = field(default_factory=dict)  # custom Ray resources each worker asks for (placement)
+
+
+def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: StageContext) -> TorchTrainer:
+    """The trainer of one stage of a run. `name` + `setup.storage_path` identify it: a trainer built again with the
+    same ones (a restarted trial) resumes from its latest checkpoint."""
     plan = plan_run(spec, task_data.num_train)
     resources = spec.resources
-    per_worker = {"CPU": resources.cpus_per_worker, **(worker_resources or {})}
+    per_worker = {"CPU": resources.cpus_per_worker, **setup.worker_resources}
     if resources.gpus_per_worker:
         per_worker["GPU"] = resources.gpus_per_worker
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"spec": spec, "task_data": task_data, "plan": plan, "tracking": tracking},
+        train_loop_config={"spec": spec, "task_data": task_data, "plan": plan, "tracking": setup.tracking,
+                           "stage": stage},
         scaling_config=ray.train.ScalingConfig(
             num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0, resources_per_worker=per_worker
         ),
         run_config=ray.train.RunConfig(
             name=name,
-            storage_path=str(storage_path),
-            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            storage_path=str(setup.storage_path),
+            failure_config=ray.train.FailureConfig(max_failures=setup.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
-            callbacks=callbacks,
+            callbacks=setup.callbacks,
         ),
         datasets=task_data.datasets,
         dataset_config=task_data.data_config(),

@@ -14,8 +14,9 @@ from study.folder import StudyFolder
 from study.runspec import Resources, complete_hyperparameters
 from study.search import CONFIG_ID, REPLICATE, SEED
 from study.space import SearchSpace
+from study.stages import run_stages
 from study.tracking import TAG_CONFIG, TAG_REPLICATE, TrackingTarget
-from study.trainer import build_trainer
+from study.trainer import RunSetup
 from study.yamlio import dump_yaml
 
 
@@ -53,15 +54,11 @@ def trial_driver(config: dict, study: StudyContext) -> None:
     record = study.folder.trial_config(trial_id)
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(dump_yaml(spec.document()))
-    trainer = build_trainer(
-        spec, task_data,
-        name=name,  # fixed per trial: a restarted trial finds its checkpoints again
-        storage_path=study.folder.train_dir,
-        tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id, study.folder.name,
-                                parent_run_id=study.study_run_id,
-                                tags={TAG_CONFIG: replicate["config_id"], TAG_REPLICATE: str(replicate["replicate"])}),
-        callbacks=[TuneReportCallback()],
-        max_failures=study.max_failures,
-        worker_resources=study.worker_resources,
-    )
-    trainer.fit()
+    tags = {TAG_CONFIG: replicate["config_id"], TAG_REPLICATE: str(replicate["replicate"])}
+    setup = RunSetup(storage_path=study.folder.train_dir,
+                     tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id,
+                                             study.folder.name, parent_run_id=study.study_run_id, tags=tags),
+                     callbacks=[TuneReportCallback()], max_failures=study.max_failures,
+                     worker_resources=study.worker_resources)
+    # The trial's name names its stages' Train runs: a restarted trial finds their checkpoints again.
+    run_stages(spec, name, setup, task_data, lambda stage: load_task_data(stage.task, stage.dataset, seed=seed))

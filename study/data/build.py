@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import ray
 
-from study.data.images import IMAGENET_MEAN, IMAGENET_STD, BatchMixer, ImageSpec, transform_batch
+from study.data.images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    BatchMixer,
+    ImageSpec,
+    MultiCropSpec,
+    multicrop_batch,
+    transform_batch,
+)
 from study.data.epoch import EpochSource
 from study.data.task_data import TaskData
 from study.data.text import Tokenizer, TokenTargets, tokenize_and_pack
@@ -59,19 +67,26 @@ def image_task(
         raise UserError(f"dataset.mean/std: need {in_chans} values (one per channel), got {len(mean)}")
     random_train = cfg.augment != "none"
     clock = EpochSource() if random_train else None
+    multicrop = cfg.augment == "dino_multicrop"
+    views = MultiCropSpec(size, cfg.local_size, cfg.local_crops, tuple(cfg.global_crop_scale),
+                          tuple(cfg.local_crop_scale)) if multicrop else None
     train = train_rows.map_batches(
-        transform_batch,
-        fn_kwargs={"spec": spec, "train": True, "seed": seed, "epoch_clock": clock},
+        multicrop_batch if multicrop else transform_batch,
+        fn_kwargs={"spec": spec, "train": True, "seed": seed, "epoch_clock": clock, **({"views": views} if views
+                                                                                        else {})},
         batch_size=IMAGE_MAP_BATCH,
         batch_format="numpy",
     )
-    val = val_rows.map_batches(
-        transform_batch, fn_kwargs={"spec": spec, "train": False}, batch_size=IMAGE_MAP_BATCH, batch_format="numpy"
-    )
-    for ds in (train, val):
+    evaluated = {"val": val_rows}
+    if multicrop:  # the training images as evaluated: the bank a k-NN evaluation votes with
+        evaluated["bank"] = train_rows
+    evaluated = {name: rows.map_batches(transform_batch, fn_kwargs={"spec": spec, "train": False},
+                                        batch_size=IMAGE_MAP_BATCH, batch_format="numpy")
+                 for name, rows in evaluated.items()}
+    for ds in (train, *evaluated.values()):
         ds.context.target_max_block_size = IMAGE_BLOCK_BYTES
     if materialize:
-        val = val.materialize()
+        evaluated = {name: ds.materialize() for name, ds in evaluated.items()}
         if not random_train:
             train = train.materialize()
     batch_steps = BatchMixer(
@@ -83,9 +98,10 @@ def image_task(
         mix_prob=cfg.mix_prob,
         switch_prob=cfg.switch_prob,
         label_smoothing=cfg.label_smoothing,
+        views=cfg.local_crops + 2 if multicrop else 0,
     )
     return TaskData(
-        datasets={"train": train, "val": val},
+        datasets={"train": train, **evaluated},
         model_overrides={"num_classes": num_classes, "image_size": size, "in_chans": in_chans},
         num_train=num_train,
         num_val=num_val,

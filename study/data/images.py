@@ -397,6 +397,32 @@ def transform_batch(batch: dict, spec: ImageSpec, train: bool, seed: int = 0, ep
 
 
 @dataclass(frozen=True)
+class MultiCropSpec:
+    """DINO's views of an image: 2 global ones of `global_size` and `local_crops` local ones of `local_size`."""
+
+    global_size: int
+    local_size: int
+    local_crops: int
+    global_scale: tuple[float, float]
+    local_scale: tuple[float, float]
+
+
+def multicrop_batch(batch: dict, spec: ImageSpec, train: bool, views: MultiCropSpec, seed: int = 0,
+                    epoch_clock=None) -> dict:
+    """Ray Data map_batches function for self-supervised training: source rows -> {"view_0": the first global
+    view, uint8 (B, C, G, G), "view_1": the second, "view_2"...: the local views (B, C, L, L), "label": int64 (B,)},
+    drawn as DINO draws them (`dino_crops`), seeded by (seed, epoch, the batch's content) as `transform_batch`."""
+    values = batch[spec.image_column]
+    epoch = epoch_clock.epoch() if epoch_clock is not None else 0
+    rng = np.random.default_rng([seed, epoch, batch_crc(values)])
+    crops = dino_crops([to_pil(value, spec.mode) for value in values], rng, views.global_size, views.local_size,
+                       views.local_crops, views.global_scale, views.local_scale)
+    out = {f"view_{i}": np.ascontiguousarray(crop.transpose(0, 3, 1, 2)) for i, crop in enumerate(crops)}
+    out["label"] = np.asarray(batch[spec.label_column], dtype=np.int64)
+    return out
+
+
+@dataclass(frozen=True)
 class BatchMixer:
     """Worker-side steps on a training batch: normalisation, then Mixup/CutMix and label smoothing (timm's rules)."""
 
@@ -408,6 +434,7 @@ class BatchMixer:
     mix_prob: float = 1.0
     switch_prob: float = 0.5
     label_smoothing: float = 0.0
+    views: int = 0  # multi-crop training batches: their views, normalised, as the list "crops" (no mixing)
 
     @property
     def soft(self) -> bool:
@@ -426,8 +453,10 @@ class BatchMixer:
     def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
         import torch
 
-        images = self.normalize(batch["image"])
         labels = batch["label"].long()
+        if self.views:
+            return {"crops": [self.normalize(batch[f"view_{i}"]) for i in range(self.views)], "label": labels}
+        images = self.normalize(batch["image"])
         out = {"image": images, "label": labels}
         if not self.soft:
             return out

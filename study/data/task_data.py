@@ -31,9 +31,12 @@ def epoch_seed(seed: int, epoch: int, *more: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, np.uint32)[0])
 
 
+TRAIN = "train"  # the split trained on; every other split is evaluated (each row once over all workers)
+
+
 @dataclass
 class TaskData:
-    datasets: dict[str, Any]  # {"train": ray.data.Dataset, "val": ray.data.Dataset}
+    datasets: dict[str, Any]  # {"train": ..., "val": ..., and what a task may evaluate besides: "bank", ...}
     model_overrides: dict
     num_train: int | None
     num_val: int | None
@@ -41,6 +44,10 @@ class TaskData:
     params: dict = field(default_factory=dict)  # resolved data settings worth logging (tokenizer, split, sizes)
     shuffle_buffer: int = 1024
     epoch_clock: Any = field(default=None, repr=False)  # study.data.epoch.EpochSource for random augmentation
+    splits: tuple[str, ...] = ()  # the datasets' names (what the workers find as shards)
+
+    def __post_init__(self):
+        self.splits = tuple(self.datasets)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -49,24 +56,25 @@ class TaskData:
 
     def data_config(self):
         """The `ray.train.DataConfig` to give TorchTrainer(dataset_config=...): training data split equally across
-        workers (Ray's default), validation split without dropping rows so that every row is evaluated exactly once
-        (Ray's equal split drops up to world_size - 1 rows). Validation shards then differ in length by a few rows:
+        workers (Ray's default), every evaluated split without dropping rows so that each row is evaluated exactly
+        once (Ray's equal split drops up to world_size - 1 rows). Those shards then differ in length by a few rows:
         accumulate evaluation sums locally and all-reduce once after the loop."""
         from ray.train import DataConfig
 
         class ExactValidationDataConfig(DataConfig):
             def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-                split_equal = {k: v for k, v in datasets.items() if k != "val"}
+                split_equal = {k: v for k, v in datasets.items() if k == TRAIN}
                 output = super().configure(split_equal, world_size, worker_handles, worker_node_ids, **kwargs)
-                if "val" in datasets:
-                    ds = datasets["val"]
+                for name, ds in datasets.items():
+                    if name == TRAIN:
+                        continue
                     if ds.name is None:
-                        ds.set_name("val")
+                        ds.set_name(name)
                     ds = ds.copy(ds)
-                    ds.context.execution_options = self._resolve_execution_options("val")
+                    ds.context.execution_options = self._resolve_execution_options(name)
                     hints = worker_node_ids if self._enable_shard_locality else None
                     for i, split in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=hints)):
-                        output[i]["val"] = split
+                        output[i][name] = split
                 return output
 
         return ExactValidationDataConfig()

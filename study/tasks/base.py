@@ -11,12 +11,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+import models
 from models.geometry import GeometryAccumulator
 from study.worker import Worker
 
@@ -50,6 +51,16 @@ class GeometryPictures:
 
 
 @dataclass(frozen=True)
+class StepSettings:
+    """What an optimiser step needs besides the state and the batch (the same for a whole epoch)."""
+
+    autocast: Any  # the precision context
+    grad_clip: float  # clip the gradients' norm to this (0: off)
+    steps_per_epoch: int
+    epochs: int  # of this stage: with steps_per_epoch, the length of every schedule
+
+
+@dataclass(frozen=True)
 class Evaluation:
     metrics: dict[str, float]
     pictures: GeometryPictures | None = None  # at geometry epochs
@@ -57,7 +68,8 @@ class Evaluation:
 
 class Task(ABC):
     """One kind of training on one Train worker: subclasses set the class attributes and implement the abstract
-    methods; `evaluate` is the pass they share."""
+    methods, and `loss`, `eval_sums` and `eval_metrics` for the `train_step` and `evaluate` they share (a task with
+    a step or an evaluation of its own overrides those instead)."""
 
     name: ClassVar[str]
     model_family: ClassVar[str]  # the `models` family it trains ("vit", "gpt")
@@ -71,24 +83,73 @@ class Task(ABC):
     # The geometry a study's report sets against its metric and its parameters (the paper's claim: smoother tokens,
     # a larger between-group share and more collapse go with better accuracy).
     report_geometry: ClassVar[tuple[str, ...]]
+    # The task's own hyperparameters, beside the model and training keys (a pydantic model; None: it has none).
+    options: ClassVar[type[BaseModel] | None] = None
+    # In a later stage of a run, which starts from the model the stage before carried forward: the model keys this
+    # task's data sets anew (a probe's classes), and those the carried model keeps whatever the data says (a frozen
+    # backbone's image size: images of another size are read through resized position embeddings).
+    data_sets: ClassVar[frozenset[str]] = frozenset()
+    carried_sets: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def epoch_metrics(cls) -> tuple[str, ...]:
         """What every epoch reports: the metrics a sampler or ASHA may optimise."""
         return (*cls.quality_metrics, "train_loss", *(f"{name}_per_s" for name in cls.throughput), "num_params")
 
-    def __init__(self, model: torch.nn.Module, worker: Worker, *, seed: int, geometry: GeometrySpec, loss: str = "ce"):
-        """`loss`: the training loss the run config names (a task may offer several)."""
-        self.model, self.worker, self.seed, self.geometry, self.loss_kind = model, worker, seed, geometry, loss
+    @classmethod
+    def option_values(cls, hyperparameters: dict) -> dict:
+        """The task's own keys among `hyperparameters` (checked by the run config's validation)."""
+        fields = cls.options.model_fields if cls.options is not None else {}
+        return {key: value for key, value in hyperparameters.items() if key in fields}
 
-    def setup(self, val_batches: Callable[[], Iterable[dict]]) -> None:
-        """Once per worker before the first epoch; `val_batches()` streams this worker's validation shard."""
+    @classmethod
+    def build_model(cls, model_config: dict, hyperparameters: dict, carried: dict | None) -> torch.nn.Module:
+        """The module this task trains, from the flat model config. `carried`: what the run's previous stage
+        carried forward (`carry`), None in a run's first stage."""
+        model = models.build_model(model_config)
+        if carried is not None:
+            model.load_state_dict(carried)
+        return model
+
+    def __init__(self, model: torch.nn.Module, worker: Worker, *, seed: int, geometry: GeometrySpec,
+                 hyperparameters: dict):
+        """`model`: what `build_model` built (unwrapped); `hyperparameters`: the run's, complete."""
+        self.model, self.worker, self.seed, self.geometry = model, worker, seed, geometry
+        self.hyperparameters = hyperparameters
+        self.option = self.options(**self.option_values(hyperparameters)) if self.options is not None else None
+
+    def carry(self) -> dict:
+        """What a next stage of the run starts from: the model's state (a task whose module holds parts the next
+        stage does not use carries only the part it does)."""
+        return self.model.state_dict()
+
+    def setup(self, eval_batches: Callable[[str], Iterable[dict]]) -> None:
+        """Once per worker before the first epoch; `eval_batches(split)` streams this worker's shard of an
+        evaluated split ("val", or another its data gives), as evaluated."""
 
     # ---- training -------------------------------------------------------------------------------------------------
 
-    @abstractmethod
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
-        """The training loss of a batch (`model` may be the DDP-wrapped model)."""
+        """The training loss of a batch (`model` may be the DDP-wrapped model), for `train_step`."""
+        raise NotImplementedError(f"task {self.name}: loss() or a train_step() of its own")
+
+    def train_step(self, state, batch: dict, settings: StepSettings) -> torch.Tensor:
+        """One optimiser step on a batch (`state`: the run's TrainState); returns the task loss, detached. This
+        one: the task's loss plus the model's own regulariser, backward, gradient-norm clipping, then the
+        optimiser and its schedule. A task that trains otherwise (a teacher updated after the step, say) overrides
+        it."""
+        state.model.set_training_step(state.step, settings.steps_per_epoch * settings.epochs)
+        with settings.autocast:
+            loss = self.loss(state.trained, batch)
+        total = loss + state.model.regularization_loss()
+        state.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(state.trained.parameters(), settings.grad_clip)
+        state.optimizer.step()
+        state.scheduler.step()
+        state.step += 1
+        return loss.detach()
 
     def count(self, batch: dict) -> dict[str, int]:
         """This batch's share of the throughput counters (`throughput`)."""
@@ -96,13 +157,13 @@ class Task(ABC):
 
     # ---- evaluation -----------------------------------------------------------------------------------------------
 
-    @abstractmethod
     def eval_sums(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        """This batch's contribution to the evaluation sums, float64 in the order of `sum_names`."""
+        """This batch's contribution to the evaluation sums, float64 in the order of `sum_names` (for `evaluate`)."""
+        raise NotImplementedError(f"task {self.name}: eval_sums() or an evaluate() of its own")
 
-    @abstractmethod
     def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
-        """The quality metrics from the sums over every validation row of every worker."""
+        """The quality metrics from the sums over every validation row of every worker (for `evaluate`)."""
+        raise NotImplementedError(f"task {self.name}: eval_metrics() or an evaluate() of its own")
 
     @abstractmethod
     def new_accumulator(self, layer: bool = False) -> GeometryAccumulator:

@@ -26,7 +26,7 @@ class Classification(Task):
     def loss(self, model, batch):
         logits = model(batch["image"]).float()
         targets = batch.get("soft_label")
-        if self.loss_kind == "bce":
+        if self.hyperparameters.get("loss") == "bce":
             # DeiT III (deit engine.py): every class with a share of the (mixed) target is a positive
             if targets is None:
                 targets = F.one_hot(batch["label"], logits.shape[-1])
@@ -48,7 +48,8 @@ class Classification(Task):
         if not layer:
             self._features = []  # NC4 needs a second pass over the features, once the class centres are final
         weight = self.model.classifier_weight
-        return GeometryAccumulator(self.model.config.dim, num_classes=weight.shape[0], feature_dim=weight.shape[1],
+        feature_dim = self.model.config.dim if layer else weight.shape[1]  # a layer's feature: its pooled token
+        return GeometryAccumulator(self.model.config.dim, num_classes=weight.shape[0], feature_dim=feature_dim,
                                    reservoir_size=1 if layer else self.geometry.pca_points,
                                    seed=self._reservoir_seed(), device=self.worker.device)
 

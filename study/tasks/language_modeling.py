@@ -35,12 +35,12 @@ class LanguageModeling(Task):
     layer_geometry_metrics = ("within_target_var", "between_target_var", "between_target_frac", "target_nc1")
     report_geometry = ("between_target_frac", "target_nc1", "within_seq_var")
 
-    def setup(self, val_batches):
+    def setup(self, eval_batches):
         """The K most frequent next-token targets of the validation split (all workers): the language-collapse
         groups, fixed before the first evaluation so that every epoch groups the same tokens."""
         vocab = self.model.config.vocab_size
         counts = torch.zeros(vocab, dtype=torch.float64)
-        for batch in val_batches():
+        for batch in eval_batches("val"):
             counts += torch.bincount(batch["targets"].flatten(), minlength=vocab).double().cpu()
         counts = self.worker.all_reduce(counts)
         ids = torch.repeat_interleave(torch.arange(vocab), counts.long())

@@ -1,0 +1,42 @@
+"""A run's stages, in order: each a Ray Train run of its own, under a fixed name (so that a restarted trial resumes
+in the stage it was in; a finished stage hands its final result back at once), each started from what the stage
+before it carried forward, all logging into the run's one MLflow run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from study.data import TaskData
+from study.loop import BOOKKEEPING, StageContext
+from study.runspec import RunSpec, complete_hyperparameters
+from study.tasks import task_class
+from study.trainer import RunSetup, build_trainer
+
+
+def run_stages(spec: RunSpec, name: str, setup: RunSetup, first_data: TaskData,
+               load_data: Callable[[RunSpec], TaskData]) -> dict:
+    """Train every stage of `spec` (the first on `first_data`, each later one on `load_data(its spec)`); the
+    final metrics of the last stage that ran (a diverged stage ends the run)."""
+    stage, final, previous = StageContext(), {}, None
+    for stage_name, offset, stage_spec in spec.stage_runs():
+        data = first_data
+        if stage_name is not None:
+            data = load_data(stage_spec)
+            where = f"stages.{stage_name}.hyperparameters"
+            overrides = {k: v for k, v in data.model_overrides.items()
+                         if k not in task_class(stage_spec.task).carried_sets}
+            stage_spec = stage_spec.model_copy(update={"hyperparameters": complete_hyperparameters(
+                stage_spec.hyperparameters, overrides, stage_spec.task, where)})
+            stage = StageContext(stage_name, offset, _last_checkpoint(setup.storage_path / previous),
+                                 {k: v for k, v in final.items() if k not in BOOKKEEPING})
+        previous = name if stage_name is None else f"{name}_{stage_name}"
+        final = build_trainer(stage_spec, data, previous, setup, stage).fit().metrics or {}
+        if final.get("diverged"):
+            break
+    return final
+
+
+def _last_checkpoint(run_folder: Path) -> str:
+    """The newest checkpoint of a finished stage's Train run (Ray names them by time)."""
+    return str(max(path for path in run_folder.glob("checkpoint_*") if path.is_dir()))

@@ -1,0 +1,103 @@
+"""A trial of two stages (train, then fine-tune from the trained weights at a lower learning rate), its study driver
+killed during the second stage and resumed: the second stage resumes where it was, the first is not trained again,
+the stages' metrics go to the one MLflow run of the trial under their names, and the second stage started from the
+weights the first carried forward."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from fault_fixtures import (
+    Lapstudy,
+    live_results,
+    mlflow_runs,
+    private_ray_tmp,
+    process_tree,
+    settled,
+    study_env,
+    tiny_space,
+    tune_results,
+    wait_for,
+    write_space,
+)
+
+pytestmark = pytest.mark.slow
+
+FIRST, SECOND = 3, 5
+SPACE = tiny_space(
+    name="staged", epochs=FIRST, num_samples=1, metric="finetune/val_acc", mode="max",
+    points_to_evaluate=[{"lr": 5.0e-3, "k": 0}],
+    stages=[{"name": "finetune", "task": "classification", "epochs": SECOND,
+             "hyperparameters": {"lr": 1.0e-4, "warmup_epochs": 0}}],
+)
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("staged")
+    write_space(root / "staged.yaml", SPACE)
+    args = ["run", "staged.yaml", "--storage", "studies"]
+    state = SimpleNamespace(root=root, dir=root / "studies" / "staged")
+    with private_ray_tmp("lsg") as ray_tmp:
+        env = study_env(ray_tmp)
+        first = Lapstudy(args, env, root / "first.log", cwd=root)
+        try:
+            def in_the_second_stage():
+                assert not first.finished(), "the study ended before the kill:\n" + first.log()
+                rows = [r for trial_rows in live_results(ray_tmp, "staged").values() for r in trial_rows]
+                return any(r["epoch"] > FIRST for r in rows)
+            wait_for(in_the_second_stage, 400, "the second stage's first epoch")
+            recorded = process_tree(first.pid)
+            os.kill(first.pid, signal.SIGKILL)
+            first.process.wait(30)
+        finally:
+            first.close()
+        settled(recorded[1:])
+        state.at_kill = tune_results(state.dir)
+        resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log", cwd=root)
+        try:
+            assert resumed.wait(600) == 0, resumed.log()
+        finally:
+            resumed.close()
+    [(state.trial, state.rows)] = tune_results(state.dir).items()
+    (state.run,) = mlflow_runs(f"sqlite:///{state.dir / 'mlflow.db'}", "staged")[state.trial]
+    return state
+
+
+def test_the_trial_ran_both_stages_to_the_end(staged):
+    final = staged.rows[-1]
+    assert final["epoch"] == FIRST + SECOND and final["stage"] == "finetune"
+    assert "finetune/val_acc" in final and "val_acc" in final  # the first stage's result is reported along
+    assert staged.run["tags"]["lapstudy.status"] == "completed"
+    assert sorted(p.name for p in (staged.dir / "train").iterdir()) == [f"trial_{staged.trial}",
+                                                                        f"trial_{staged.trial}_finetune"]
+
+
+def test_the_second_stage_resumed_where_it_was_and_the_first_was_not_trained_again(staged):
+    before = staged.at_kill[staged.trial]
+    after_the_resume = [r for r in staged.rows if r not in before]
+    # the first stage, restarted, found its last checkpoint and only handed its final result back
+    assert all(r["resumed_from_epoch"] == FIRST for r in after_the_resume if r["epoch"] <= FIRST), after_the_resume
+    resumed = [r for r in staged.rows if r["epoch"] > FIRST and r["resumed_from_epoch"] > 0]
+    assert resumed, "the second stage did not resume from its own checkpoint"
+    assert resumed[0]["epoch"] == FIRST + resumed[0]["resumed_from_epoch"] + 1
+
+
+def test_each_epoch_once_in_mlflow_under_the_stages_names(staged):
+    history = staged.run["history"]
+    assert [step for step, _ in history["val_acc"]] == list(range(1, FIRST + 1))
+    assert [step for step, _ in history["finetune/val_acc"]] == list(range(FIRST + 1, FIRST + SECOND + 1))
+    assert [step for step, _ in history["epoch"]] == list(range(1, FIRST + SECOND + 1))
+
+
+def test_the_second_stage_started_from_the_first_stages_weights(staged):
+    """At a learning rate of 1e-4 one epoch from scratch stays near chance (0.1 on ten digits); from the first
+    stage's weights the second stage starts where the first ended."""
+    history = dict(staged.run["history"]["val_acc"])
+    tuned = dict(staged.run["history"]["finetune/val_acc"])
+    assert history[FIRST] > 0.25  # well clear of chance, so a fresh start would show
+    assert tuned[FIRST + 1] >= history[FIRST] - 0.05
