@@ -38,7 +38,8 @@ def test_classification_evaluation_and_every_layers_geometry():
     model = models.build_model({"preset": "vit_tiny_digits", "k": 2, "depth": 3}).double().eval()
     batches = [{"image": torch.randn(24, 1, 8, 8, dtype=torch.float64), "label": torch.arange(24) % 5}
                for _ in range(3)]
-    task = task_class("classification")(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=50))
+    task = task_class("classification")(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=50),
+                                        hyperparameters={})
     evaluation = task.evaluate(batches, autocast=nullcontext(), geometry=True)
     images, labels = torch.cat([b["image"] for b in batches]), torch.cat([b["label"] for b in batches])
     with torch.no_grad():
@@ -63,9 +64,9 @@ def test_language_model_evaluation_and_every_layers_geometry():
     model = models.build_model({"preset": "gpt_tiny", "k": 1, "depth": 2}).double().eval()
     tokens = torch.randint(0, 12, (6, 17))  # a small alphabet: the top targets cover most positions
     batch = {"input_ids": tokens[:, :-1], "targets": tokens[:, 1:], "target_bytes": torch.ones(6, 16, dtype=torch.long)}
-    task = task_class("language_modeling")(model, WORKER, seed=0, geometry=GeometrySpec(top_targets=5,
-                                                                                        pca_points=50))
-    task.setup(lambda: [batch])
+    task = task_class("language_modeling")(model, WORKER, seed=0, hyperparameters={},
+                                           geometry=GeometrySpec(top_targets=5, pca_points=50))
+    task.setup(lambda split: [batch])
     evaluation = task.evaluate([batch], autocast=nullcontext(), geometry=True)
     with torch.no_grad():
         logits = model(batch["input_ids"])
@@ -88,7 +89,8 @@ def test_bce_loss_is_deit3s_binary_cross_entropy_on_the_mixed_targets():
     mixed = torch.zeros(6, 10, dtype=torch.float64)
     mixed[torch.arange(6), torch.arange(6)] = 0.7
     mixed[torch.arange(6), (torch.arange(6) + 3) % 10] = 0.3
-    task = task_class("classification")(model, WORKER, seed=0, geometry=GeometrySpec(), loss="bce")
+    task = task_class("classification")(model, WORKER, seed=0, geometry=GeometrySpec(),
+                                        hyperparameters={"loss": "bce"})
     loss = task.loss(model, {"image": images, "label": torch.arange(6), "soft_label": mixed})
     p = torch.sigmoid(model(images).float()).double()
     positive = (mixed > 0).double()
@@ -98,3 +100,117 @@ def test_bce_loss_is_deit3s_binary_cross_entropy_on_the_mixed_targets():
     positive = torch.nn.functional.one_hot(torch.arange(6), 10).double()
     expected = -(positive * torch.log(p) + (1 - positive) * torch.log(1 - p)).mean()
     assert plain.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_linear_probe_trains_only_its_classifier_on_the_carried_backbone():
+    """The probe starts from the backbone the stage before carried forward (here: a ViT trained three epochs on
+    digits), never changes it, and its linear layer learns to read the frozen class tokens: far above the 0.1 of
+    chance, where the same probe on an untrained backbone (whose class token hardly depends on the image with
+    LayerScale at 1e-4) stays near it."""
+    from digits_training import train_on_digits
+    from sklearn.datasets import load_digits
+
+    from study.optim import build_optimizer, build_schedule
+    from study.runspec import TrainConfig
+    from study.state import TrainState
+    from study.tasks import StepSettings
+
+    config = models.resolve_config({"preset": "vit_tiny_digits", "depth": 2, "num_classes": 10})
+    torch.manual_seed(0)
+    trained = models.build_model(config)
+    train_on_digits(trained, torch.optim.AdamW(trained.param_groups(0.05), lr=3e-3), epochs=3, target=1.0)
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
+    y = torch.tensor(digits.target)
+
+    def probe_accuracy(carried):
+        torch.manual_seed(1)
+        options = {"probe_blocks": 1}
+        probe_type = task_class("linear_probe")
+        probe = probe_type.build_model(config, options, carried)
+        train = TrainConfig(lr=0.05, weight_decay=0.0, optimizer="sgd")
+        optimizer = build_optimizer(probe, train, 1.0)
+        state = TrainState(probe, probe, optimizer, build_schedule(optimizer, train, 22, 5))
+        task = probe_type(probe, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters=options)
+        before = {k: v.clone() for k, v in probe.backbone.state_dict().items()}
+        for _ in range(5):
+            probe.train()
+            for i in range(22):
+                batch = {"image": x[64 * i:64 * (i + 1)], "label": y[64 * i:64 * (i + 1)]}
+                task.train_step(state, batch, StepSettings(nullcontext(), 0.0, 22, 5))
+        assert all(torch.equal(before[k], v) for k, v in probe.backbone.state_dict().items()), "the backbone moved"
+        assert {n for n, p in probe.named_parameters() if p.requires_grad} == {"classifier.linear.weight",
+                                                                               "classifier.linear.bias"}
+        evaluation = task.evaluate([{"image": x[1408:], "label": y[1408:]}], autocast=nullcontext(), geometry=True)
+        assert "geom_nc1" in evaluation.metrics and "geom_l1_between_class_frac" in evaluation.metrics
+        return probe, evaluation.metrics["val_acc"]
+
+    probe, carried_accuracy = probe_accuracy(trained.state_dict())
+    for name, value in probe.backbone.state_dict().items():
+        if not name.startswith("head."):
+            assert torch.equal(value, trained.state_dict()[name]), name
+    _, untrained_accuracy = probe_accuracy(None)
+    assert carried_accuracy > 0.6 and untrained_accuracy < 0.3, (carried_accuracy, untrained_accuracy)
+
+
+def _dino(hyperparameters: dict | None = None):
+    # LayerScale off: an untrained backbone's class token then depends on the image (with 1e-4 it hardly does)
+    config = models.resolve_config({"preset": "vit_tiny_digits", "depth": 2, "num_classes": 10,
+                                    "layer_scale_init": 0.0})
+    options = {"dino_out_dim": 64, "dino_momentum_teacher": 0.9, "dino_freeze_last_layer": 0, **(hyperparameters or {})}
+    task_type = task_class("dino")
+    model = task_type.build_model(config, options, None)
+    return task_type, model, {**options, "num_classes": 10}
+
+
+def test_dino_teacher_changes_only_by_the_moving_average_of_the_student():
+    """No gradient ever reaches the teacher; after a step it is exactly m * teacher + (1 - m) * student (the
+    student after the step), with m the momentum schedule's first value (main_dino.py:346-350)."""
+    from study.optim import build_optimizer, build_schedule
+    from study.runspec import TrainConfig
+    from study.state import TrainState
+    from study.tasks import StepSettings
+
+    torch.manual_seed(0)
+    task_type, model, options = _dino()
+    train = TrainConfig(lr=1e-3, weight_decay=0.04)
+    optimizer = build_optimizer(model, train, 1.0)
+    state = TrainState(model, model, optimizer, build_schedule(optimizer, train, 4, 2))
+    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters=options)
+    assert not any(p.requires_grad for p in model.teacher.parameters())
+    teacher_before = [p.clone() for p in model.teacher.parameters()]
+    crops = [torch.randn(6, 1, 8, 8) for _ in range(2)] + [torch.randn(6, 1, 4, 4) for _ in range(3)]
+    loss = task.train_step(state, {"crops": crops, "label": torch.arange(6)}, StepSettings(nullcontext(), 3.0, 4, 2))
+    assert torch.isfinite(loss) and loss.item() > 0
+    assert all(p.grad is None for p in model.teacher.parameters())
+    for before, teacher, student in zip(teacher_before, model.teacher.parameters(), model.student.parameters()):
+        torch.testing.assert_close(teacher, 0.9 * before + 0.1 * student, rtol=1e-6, atol=1e-7)
+    moved = [not torch.equal(b, s) for b, s in zip(teacher_before, model.student.parameters())]
+    assert any(moved)  # the student trained, so the average moved
+
+
+def test_dino_knn_evaluation_is_dinos_weighted_vote():
+    """knn_acc: the share of validation images whose weighted k-NN vote over the bank's teacher features, written
+    out here (cosine similarity, top k, weights exp(s / T)), names their class."""
+    torch.manual_seed(0)
+    task_type, model, options = _dino({"dino_knn_k": 5})
+    bank = [{"image": torch.randn(16, 1, 8, 8), "label": torch.arange(16) % 4} for _ in range(2)]
+    val = [{"image": torch.randn(12, 1, 8, 8), "label": torch.arange(12) % 4}]
+    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=20), hyperparameters=options)
+    task.setup(lambda split: bank if split == "bank" else val)
+    evaluation = task.evaluate(val, autocast=nullcontext(), geometry=True)
+    backbone = model.teacher.backbone.eval()
+    with torch.no_grad():
+        features = torch.nn.functional.normalize(backbone(torch.cat([b["image"] for b in bank])), dim=1)
+        queries = torch.nn.functional.normalize(backbone(val[0]["image"]), dim=1)
+    labels = torch.cat([b["label"] for b in bank])
+    hits = 0
+    for query, truth in zip(queries, val[0]["label"]):
+        similarity = features @ query
+        top = similarity.topk(5)
+        votes = torch.zeros(10)
+        for s, i in zip(top.values, top.indices):
+            votes[labels[i]] += torch.exp(s / 0.07)
+        hits += int(votes.argmax() == truth)
+    assert evaluation.metrics["knn_acc"] == pytest.approx(hits / 12)
+    assert "geom_between_class_frac" in evaluation.metrics and "geom_l0_nc1" in evaluation.metrics

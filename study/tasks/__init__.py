@@ -5,11 +5,13 @@ needs data of a new shape, one data adapter in `study/data/`.
 """
 
 from study.errors import UserError
-from study.tasks.base import Evaluation, GeometryPictures, GeometrySpec, Task
+from study.tasks.base import Evaluation, GeometryPictures, GeometrySpec, StepSettings, Task
 from study.tasks.classification import Classification
+from study.tasks.dino import DINO
 from study.tasks.language_modeling import LanguageModeling
+from study.tasks.linear_probe import LinearProbe
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (Classification, LanguageModeling)}
+TASKS: dict[str, type[Task]] = {task.name: task for task in (Classification, LanguageModeling, DINO, LinearProbe)}
 
 
 def task_class(name: str) -> type[Task]:
@@ -26,4 +28,5 @@ def registered_task(name: str) -> str:
     return name
 
 
-__all__ = ["TASKS", "Evaluation", "GeometryPictures", "GeometrySpec", "Task", "registered_task", "task_class"]
+__all__ = ["TASKS", "Evaluation", "GeometryPictures", "GeometrySpec", "StepSettings", "Task", "registered_task",
+           "task_class"]
