@@ -21,6 +21,9 @@ def draw_geometry(pictures: GeometryPictures, folder: Path, title: str) -> None:
     pca_plot(pictures.points, pictures.labels, folder / "pca.png", f"last-layer tokens on the top two PCs ({title})",
              label_name=pictures.label_name)
     variance_plot(pictures.parts, pictures.total, folder / "variance.png", f"token variance decomposition ({title})")
+    if pictures.patch_rgb is not None:
+        patch_pca_plot(pictures.images, pictures.patch_rgb, folder / "patch_pca.png",
+                       f"patch features, top three PCs as RGB ({title})")
 
 
 def save(fig, path: Path, title: str | None = None) -> Path:
@@ -90,6 +93,17 @@ def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, lab
     ax.set_ylabel("PC 2")
     ax.set_title(title, fontsize=10)
     return save(fig, path)
+
+
+def patch_pca_plot(images: np.ndarray, rgb: np.ndarray, path: Path, title: str) -> Path:
+    """Each image (top row) over the PCA picture of its patch features (bottom row), as in DINO's figures."""
+    count = len(rgb)
+    fig, axes = plt.subplots(2, count, figsize=(1.6 * count + 0.4, 3.6), dpi=110, squeeze=False)
+    for column in range(count):
+        for row, picture in enumerate((images[column], rgb[column])):
+            axes[row, column].imshow(picture, interpolation="nearest")
+            axes[row, column].set_axis_off()
+    return save(fig, path, title)
 
 
 def variance_plot(parts: dict[str, float], total: float, path: Path, title: str) -> Path:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import models
-from models.geometry import language_collapse, neural_collapse, variance_decomposition
+from models.geometry import (language_collapse, neural_collapse, patch_pca_rgb, patch_spectral_decay,
+                             variance_decomposition)
 from study.tasks import GeometrySpec, task_class
 from study.worker import Worker
 
@@ -214,3 +216,11 @@ def test_dino_knn_evaluation_is_dinos_weighted_vote():
         hits += int(votes.argmax() == truth)
     assert evaluation.metrics["knn_acc"] == pytest.approx(hits / 12)
     assert "geom_between_class_frac" in evaluation.metrics and "geom_l0_nc1" in evaluation.metrics
+    # the patch tokens' spectrum and PCA picture, of the teacher's last layer after its norm
+    with torch.no_grad():
+        patches = backbone(val[0]["image"], return_features=True).tokens[:, 1:]
+    expected = patch_spectral_decay(patches)
+    assert evaluation.metrics["geom_pcs99_per_image"] == pytest.approx(expected["pcs99_per_image"])
+    assert evaluation.metrics["geom_pcs99_patches"] == expected["pcs99_patches"]
+    np.testing.assert_allclose(evaluation.pictures.patch_rgb, patch_pca_rgb(patches[:8]), atol=1e-6)
+    assert evaluation.pictures.images.shape == (8, 8, 8, 3)

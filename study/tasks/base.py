@@ -48,6 +48,10 @@ class GeometryPictures:
     label_name: str
     parts: dict[str, float]
     total: float
+    # ViTs judged on patch features: the PCA picture of patch tokens (models.geometry.patch_pca_rgb, (B, h, w, 3))
+    # and the images it was computed on ((B, H, W, 3) in [0, 1]); None where a task draws none.
+    patch_rgb: np.ndarray | None = None
+    images: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

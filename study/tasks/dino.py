@@ -17,6 +17,7 @@ the `dino_*` keys below. The crops (how many local ones, their scales and size) 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from models.dino import DINOHead, DINOLoss, MultiCropForward, cancel_last_layer_
 from models.geometry import GeometryAccumulator
 from models.knn import knn_predict
 from study.tasks.base import Evaluation, GeometryPictures, Task
+from study.tasks.patches import PatchGeometry
 
 
 class DINOOptions(BaseModel):
@@ -119,7 +121,7 @@ class DINO(Task):
     sum_names = ("hits", "top5_hits", "queries")
     quality_metrics = ("knn_acc", "knn_top5")
     geometry_metrics = ("total_var", "within_seq_var", "within_class_var", "between_class_var",
-                        "between_class_frac", "nc1", "nc2_equinorm", "nc2_equiangle", "pcs99")
+                        "between_class_frac", "nc1", "nc2_equinorm", "nc2_equiangle", "pcs99", *PatchGeometry.metrics)
     layer_geometry_metrics = ("within_seq_var", "within_class_var", "between_class_var", "between_class_frac",
                               "nc1")
     report_geometry = ("between_class_frac", "nc1", "within_seq_var")
@@ -188,6 +190,7 @@ class DINO(Task):
         bank, bank_labels = self._gathered(*self._features(backbone, self.eval_batches("bank"), autocast))
         last = self.new_accumulator() if geometry else None
         layers = [self.new_accumulator(layer=True) for _ in backbone.blocks] if geometry else []
+        patches = PatchGeometry(backbone.config.dim, self.worker.device) if geometry else None
         queries, labels = [], []
         with torch.no_grad():
             for index, batch in enumerate(batches):
@@ -198,6 +201,7 @@ class DINO(Task):
                 labels.append(batch["label"])
                 if want:
                     self.accumulate(last, out.tokens, out.feature, batch, last=True)
+                    patches.update(out.tokens, batch["image"])
                     for accumulator, tokens in zip(layers, outputs):
                         self.accumulate(accumulator, tokens, backbone.pool(tokens), batch)
         sums = torch.zeros(3, dtype=torch.float64)
@@ -213,11 +217,13 @@ class DINO(Task):
         if not geometry:
             return Evaluation(metrics)
         values, pictures = self.finish_geometry(last)
+        spectrum, rgb, images = patches.finish()
+        values.update(spectrum)
         metrics.update({f"geom_{name}": values[name] for name in self.geometry_metrics})
         for layer, accumulator in enumerate(layers):
             values = accumulator.all_reduce_().compute()
             metrics.update({f"geom_l{layer}_{name}": values[name] for name in self.layer_geometry_metrics})
-        return Evaluation(metrics, pictures)
+        return Evaluation(metrics, dataclasses.replace(pictures, patch_rgb=rgb, images=images))
 
     @property
     def num_classes(self) -> int:
