@@ -102,6 +102,24 @@ def patch_token_dim(dim: int, n_last_blocks: int = 1, cls_token: bool = False) -
     return dim * n_last_blocks * (1 + int(cls_token))
 
 
+def patch_majority_labels(mask: torch.Tensor, patch_size: int, num_classes: int,
+                          ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The class of each patch: the most frequent label among its pixels that are not ``ignore_index`` (ties to the
+    smaller class), -1 for a patch with no such pixel.
+
+    mask (B, H, W) integer, H and W multiples of ``patch_size``. Returns (B, P) int64, patches in row-major order (the
+    order of a ViT's patch tokens)."""
+    batch, height, width = mask.shape
+    if height % patch_size or width % patch_size:
+        raise ValueError(f"mask {height}x{width} is not a whole number of {patch_size}-pixel patches")
+    mask = mask.long()
+    valid = mask != ignore_index
+    onehot = F.one_hot(torch.where(valid, mask, 0), num_classes) * valid[..., None]  # (B, H, W, K)
+    counts = onehot.reshape(batch, height // patch_size, patch_size, width // patch_size, patch_size, num_classes)
+    counts = counts.sum(dim=(2, 4)).reshape(batch, -1, num_classes)  # (B, P, K), patches row by row
+    return torch.where(counts.sum(-1) > 0, counts.argmax(-1), -1)
+
+
 # ---- heads ------------------------------------------------------------------------------------------------------
 
 class LinearClassifier(nn.Module):

@@ -10,7 +10,6 @@ import torch
 from data_fixtures import ray_local  # noqa: F401
 from PIL import Image
 
-import study.tasks
 from study.data import check_dataset, load_task_data, parse_dataset_config
 from study.data.config import OFFLINE_SOURCES
 from study.data.hub import MIRROR_ENV
@@ -20,15 +19,8 @@ from study.errors import UserError
 SHAPES = {"source": "shapes_segmentation", "image_size": 32, "num_train": 48, "num_val": 16}
 
 
-@pytest.fixture(autouse=True)
-def segmentation_task(monkeypatch):
-    """No task reads segmentation data yet: a stand-in registered for these tests only."""
-    stand_in = type("SegmentationStandIn", (), {"data_kind": "segmentation"})
-    monkeypatch.setitem(study.tasks.TASKS, "segmentation", stand_in)
-
-
 def _load(dataset: dict, seed: int = 0):
-    return load_task_data("segmentation", parse_dataset_config(dataset), seed=seed)
+    return load_task_data("segmentation_probe", parse_dataset_config(dataset), seed=seed)
 
 
 def _train(data, epoch=0, seed=0, batch_size=8):
@@ -119,7 +111,7 @@ def test_ade20k_offline_fails_within_seconds_naming_the_alternatives(monkeypatch
     monkeypatch.delenv(MIRROR_ENV, raising=False)
     start = time.monotonic()
     with pytest.raises(UserError) as error:
-        check_dataset("segmentation", parse_dataset_config({"source": "ade20k"}))
+        check_dataset("segmentation_probe", parse_dataset_config({"source": "ade20k"}))
     assert time.monotonic() - start < 5
     message = str(error.value)
     assert "\n" not in message and message.startswith("dataset.source: ade20k")

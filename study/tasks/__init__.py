@@ -10,8 +10,10 @@ from study.tasks.classification import Classification
 from study.tasks.dino import DINO
 from study.tasks.language_modeling import LanguageModeling
 from study.tasks.linear_probe import LinearProbe
+from study.tasks.segmentation_probe import SegmentationProbe
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (Classification, LanguageModeling, DINO, LinearProbe)}
+TASKS: dict[str, type[Task]] = {task.name: task for task in (Classification, LanguageModeling, DINO, LinearProbe,
+                                                               SegmentationProbe)}
 
 
 def task_class(name: str) -> type[Task]:
