@@ -19,6 +19,8 @@ from pathlib import Path
 from study.errors import UserError
 
 EXIT_USER_ERROR = 2
+# The cluster's tracking server, set on the head by cluster.yaml and k8s/rayjob.yaml: the default of --tracking-uri.
+TRACKING_URI_VARIABLE = "LAPSTUDY_TRACKING_URI"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="F")
     run.add_argument("--gpus-per-worker", type=float, default=0.0, metavar="F")
     run.add_argument("--address", help="join a running Ray cluster (e.g. auto) instead of starting a local one")
-    run.add_argument("--tracking-uri", metavar="URI",
-                     help="MLflow tracking server (default: SQLite in the study folder)")
+    run.add_argument("--tracking-uri", metavar="URI", default=os.environ.get(TRACKING_URI_VARIABLE) or None,
+                     help=f"MLflow tracking server (default: ${TRACKING_URI_VARIABLE} where set, as on the cluster's "
+                          "head, else SQLite in the study folder)")
     run.add_argument("--seed", type=int, help="study seed (default: the space's seed)")
     run.add_argument("--max-failures", type=int, default=2, metavar="N",
                      help="retries of a trial's workers (and of the trial) after a crash or a lost node")
@@ -89,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", type=user_path, metavar="CONFIG.yaml")
     train.add_argument("--storage", type=user_path, default="studies/train", metavar="DIR",
                        help="folder for the run and its MLflow store (default: ./studies/train)")
-    train.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking server (default: SQLite in --storage)")
+    train.add_argument("--tracking-uri", metavar="URI", default=os.environ.get(TRACKING_URI_VARIABLE) or None,
+                       help=f"MLflow tracking server (default: ${TRACKING_URI_VARIABLE} where set, else SQLite in "
+                            "--storage)")
     train.add_argument("--address", help="join a running Ray cluster instead of starting a local one")
     train.add_argument("--workers", type=int, help="override the config's workers (exact reproduction needs the same)")
     train.add_argument("--cpus-per-worker", type=float)

@@ -127,9 +127,12 @@ def test_spot_workers_and_trial_drivers_on_the_head(config):
         assert DRIVER_NODE_RESOURCE not in node_type.get("resources", {}), f"{name}: no trial drivers on spot nodes"
 
 
-def test_setup_installs_the_project(config):
-    commands = " ".join(_commands(config, "setup_commands", "head_setup_commands", "worker_setup_commands"))
-    assert "pip install" in commands
+def test_the_project_comes_from_the_image_not_from_a_pip_install_at_boot(config):
+    """Every node runs the project's image (docker/Dockerfile installs it once); no node pip-installs at boot."""
+    assert config["docker"]["head_image"] and config["docker"]["worker_image"]
+    commands = " ".join(_commands(config, "initialization_commands", "setup_commands", "head_setup_commands",
+                                  "worker_setup_commands", "head_start_ray_commands", "worker_start_ray_commands"))
+    assert "pip install" not in commands and "pip3 install" not in commands
 
 
 def test_docs_show_port_forwards_that_reach_the_services(config):
