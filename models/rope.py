@@ -10,23 +10,29 @@ class RotaryEmbedding(nn.Module):
     """Rotates pairs of channels (i, i + d/2) of each head by position-dependent angles.
 
     The cos/sin tables are non-persistent buffers: RoPE adds no parameters, so parameter counts stay honest.
+    ``clockwise=True`` turns every pair by -angle instead of +angle, as nanochat's ``apply_rotary_emb`` does (the
+    transpose of the textbook rotation: the same model family, but a given set of weights scores pairs differently).
     """
 
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, clockwise: bool = False):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+        if clockwise:
+            angles = -angles
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
         self.max_len = max_len
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, H, N, head_dim) -> same shape, rotated by position along N."""
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x: (B, H, N, head_dim) -> same shape, position ``offset + n`` rotating row n (offset: tokens already in a
+        decoding cache)."""
         n = x.shape[-2]
-        if n > self.max_len:
-            raise ValueError(f"sequence length {n} exceeds the RoPE table ({self.max_len}); raise context_length")
-        cos, sin = self.cos[:n].to(x.dtype), self.sin[:n].to(x.dtype)
+        if offset + n > self.max_len:
+            raise ValueError(f"sequence length {offset + n} exceeds the RoPE table ({self.max_len}); "
+                             f"raise context_length")
+        cos, sin = self.cos[offset:offset + n].to(x.dtype), self.sin[offset:offset + n].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
