@@ -1,0 +1,108 @@
+"""Evaluate a language model on benchmark tasks in-process: `evaluate_model` returns {"eval_<task>_<metric>": value}.
+
+Every task but `humaneval` runs through lm-evaluation-harness (`lm_eval.simple_evaluate` over the `LapstudyLM`
+adapter), with its task definitions: the harness's own, or YAML configs in `include_path` folders, which take
+precedence over a harness task of the same name (so `--include-path` gives `arc_easy` over a local copy of the data).
+A harness task reads its data from the Hugging Face hub; when the hub cannot be reached such a task fails before
+anything runs, naming `--include-path`. `humaneval` runs through study/evals/humaneval.py (generation by the adapter,
+execution by the sandbox), and only with `allow_code_execution`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from study.errors import UserError
+from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
+
+HUMANEVAL = "humaneval"
+
+
+def metric_name(task: str, metric: str, filter_name: str = "none") -> str:
+    """eval_<task>_<metric>[_<filter>] in MLflow's alphabet (letters, digits, _): "acc,none" of arc_easy is
+    eval_arc_easy_acc; "exact_match,strict-match" of gsm8k is eval_gsm8k_exact_match_strict_match."""
+    parts = [task, metric] + ([filter_name] if filter_name not in ("none", "") else [])
+    return "eval_" + "_".join(re.sub(r"[^A-Za-z0-9]+", "_", p).strip("_") for p in parts)
+
+
+def harness_task_manager(names: Iterable[str], include_path: Iterable[Path] = (), include_defaults: bool = True):
+    """lm_eval's TaskManager for `names`: over `include_path` alone when every name is defined there (no index of the
+    harness's thousands of tasks, no hub), else with the harness's tasks, which read the hub: a UserError when it
+    cannot be reached or a name is no task."""
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(p) for p in include_path]
+    local = TaskManager(include_path=paths, include_defaults=False) if paths else None
+    rest = [n for n in names if local is None or n not in local.all_tasks]
+    if not rest:
+        return local
+    hint = (f"give --include-path DIR with a task config of that name over local data (lm_eval's YAML format; "
+            f"tests/fixtures/evals/ has examples; docs/evals.md)")
+    if not include_defaults:
+        raise UserError(f"--tasks {','.join(rest)}: not defined in --include-path ({', '.join(paths) or 'none'}); {hint}")
+    from study.data.hub import hub_reachable
+
+    reachable, why = hub_reachable()
+    if not reachable:
+        raise UserError(f"--tasks {','.join(rest)}: lm_eval's task{'s read' if len(rest) > 1 else ' reads'} its data "
+                        f"from the Hugging Face hub, which cannot be reached ({why}); {hint}")
+    manager = TaskManager(include_path=paths or None)
+    unknown = [n for n in rest if n not in manager.all_tasks]
+    if unknown:
+        raise UserError(f"--tasks {','.join(unknown)}: no such lm_eval task (e.g. arc_easy, arc_challenge, mmlu, gsm8k, "
+                        f"{HUMANEVAL}); see `lm_eval ls tasks` or --include-path")
+    return manager
+
+
+def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable[Path] = (), limit: int | None = None,
+                   allow_code_execution: bool = False, num_samples: int = 1, temperature: float = 0.0,
+                   num_fewshot: int | None = None, batch_size: int = 16, apply_chat_template: bool = False,
+                   include_defaults: bool = True, seed: int = 0, limits: Limits = Limits(), max_gen_toks: int = 512,
+                   log: Callable[[str], None] = print) -> dict[str, float]:
+    """Evaluate `model` (a GPT) with `tokenizer` (study/data/text.py's) on `tasks`; {"eval_<task>_<metric>": value}.
+
+    `limit`: the first N examples of each task. `num_samples`, `temperature`: HumanEval's samples per problem
+    (pass@k for k in 1, 10 up to num_samples). `include_defaults=False` keeps to the tasks of `include_path`."""
+    from study.evals.harness import LapstudyLM
+
+    tasks = list(dict.fromkeys(tasks))
+    if HUMANEVAL in tasks and allow_code_execution is not True:
+        raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
+    include_path = [Path(p) for p in include_path]
+    harness_tasks = [t for t in tasks if t != HUMANEVAL]
+    manager = harness_task_manager(harness_tasks, include_path, include_defaults) if harness_tasks else None
+    problems = None
+    if HUMANEVAL in tasks:
+        from study.evals.humaneval import find_problem_file, load_problems
+
+        problems = load_problems(find_problem_file(include_path))[:limit]
+    lm = LapstudyLM(model, tokenizer, batch_size=batch_size, seed=seed)
+    metrics: dict[str, float] = {}
+    if harness_tasks:
+        import lm_eval
+
+        output = lm_eval.simple_evaluate(
+            model=lm, tasks=harness_tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
+            apply_chat_template=apply_chat_template, log_samples=False, bootstrap_iters=1000, random_seed=seed,
+            numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, confirm_run_unsafe_code=False,
+            verbosity="WARNING")
+        results = output["results"]
+        reported = [t for t in results if t in harness_tasks] or list(results)
+        for task in reported:
+            for key, value in results[task].items():
+                if "," not in key or not isinstance(value, (int, float)) or isinstance(value, bool):
+                    continue
+                metric, filter_name = key.split(",", 1)
+                metrics[metric_name(task, metric, filter_name)] = float(value)
+    if problems is not None:
+        from study.evals.humaneval import evaluate_humaneval
+
+        values, _ = evaluate_humaneval(lm, problems, allow_code_execution=True, num_samples=num_samples,
+                                       temperature=temperature, max_gen_toks=max_gen_toks, limits=limits, log=log)
+        metrics.update({metric_name(HUMANEVAL, k): v for k, v in values.items()})
+    return dict(sorted(metrics.items()))
+
+
+__all__ = ["ALLOW_FLAG", "HUMANEVAL", "evaluate_model", "harness_task_manager", "metric_name"]

@@ -1,0 +1,84 @@
+"""HumanEval (Chen et al. 2021): complete a function from its signature and docstring; a completion passes when the
+problem's tests run without error. Generation goes through the harness adapter, execution through the sandbox.
+
+Problems are read from a HumanEval-format file (JSON lines with task_id, prompt, test, entry_point; openai/human-eval's
+`HumanEval.jsonl.gz` as it is) named `humaneval.jsonl`, `humaneval.jsonl.gz` or `HumanEval.jsonl.gz` in an
+`--include-path` folder, else from the hub's `openai/openai_humaneval`. The program run for a completion is
+openai/human-eval's: prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})". Completions stop at
+lm_eval's humaneval stop sequences (a new top-level class, def, comment, if or print).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from study.errors import UserError
+from study.evals.sandbox import CodeExecutionNotAllowed, Limits, mean_pass_at_k, run_programs
+
+FILE_NAMES = ("humaneval.jsonl", "humaneval.jsonl.gz", "HumanEval.jsonl.gz")
+STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]  # lm_eval's tasks/humaneval/humaneval.yaml
+HUB_DATASET = "openai/openai_humaneval"
+
+
+def find_problem_file(include_paths: list[Path]) -> Path | None:
+    for folder in include_paths:
+        for name in FILE_NAMES:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def load_problems(path: Path | None) -> list[dict]:
+    """The problems of a HumanEval-format file (None: the hub's copy, which needs the internet)."""
+    if path is None:
+        from study.data.hub import hub_reachable
+
+        reachable, why = hub_reachable()
+        if not reachable:
+            raise UserError(f"--tasks humaneval: the problems come from the hub ({HUB_DATASET}), which cannot be "
+                            f"reached ({why}); put a HumanEval-format {FILE_NAMES[0]} in a folder given as "
+                            "--include-path (see docs/evals.md)")
+        import datasets
+
+        return [dict(row) for row in datasets.load_dataset(HUB_DATASET, split="test")]
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    for number, problem in enumerate(problems, start=1):
+        missing = [k for k in ("task_id", "prompt", "test", "entry_point") if k not in problem]
+        if missing:
+            raise UserError(f"{path}: problem {number} lacks {', '.join(missing)} (HumanEval's fields: task_id, "
+                            "prompt, test, entry_point)")
+    return problems
+
+
+def program(problem: dict, completion: str) -> str:
+    return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
+
+
+def evaluate_humaneval(lm, problems: list[dict], *, allow_code_execution: bool, num_samples: int = 1,
+                       temperature: float = 0.0, max_gen_toks: int = 512, ks: tuple[int, ...] = (1, 10),
+                       limits: Limits = Limits(), log=print) -> tuple[dict[str, float], list[dict]]:
+    """({"pass_at_<k>": value} for every k <= num_samples, one record per sample). `lm`: a LapstudyLM. Checks the
+    flag before generating anything."""
+    if allow_code_execution is not True:
+        raise CodeExecutionNotAllowed()
+    records, programs = [], []
+    for problem in problems:
+        for sample in range(num_samples):
+            completion = lm.generate(problem["prompt"], until=STOP_SEQUENCES, max_gen_toks=max_gen_toks,
+                                     do_sample=temperature > 0, temperature=temperature)
+            records.append({"task_id": problem["task_id"], "sample": sample, "completion": completion})
+            programs.append(program(problem, completion))
+    results = run_programs(programs, allow_code_execution=True, limits=limits)
+    by_problem: dict[str, list[bool]] = {}
+    for record, result in zip(records, results):
+        record.update(status=result.status, reason=result.reason)
+        by_problem.setdefault(record["task_id"], []).append(result.passed)
+    outcomes = list(by_problem.values())
+    metrics = {f"pass_at_{k}": mean_pass_at_k(outcomes, k) for k in ks if k <= num_samples}
+    log(f"humaneval: {sum(map(sum, outcomes))} of {len(records)} samples passed over {len(outcomes)} problems; "
+        + ", ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
+    return metrics, records
