@@ -10,13 +10,15 @@ import torch
 from torch import nn
 
 from models.config import config_from_flat
+from models.encdec import EncDecConfig, EncoderDecoder
 from models.errors import ConfigError
 from models.gpt import GPT, GPTConfig
 from models.mixers import mixer_keys
 from models.presets import DEFAULT_PRESET, PRESETS
 from models.vit import ViT, ViTConfig
 
-FAMILIES: dict[str, tuple[type, type]] = {"vit": (ViTConfig, ViT), "gpt": (GPTConfig, GPT)}
+FAMILIES: dict[str, tuple[type, type]] = {"vit": (ViTConfig, ViT), "gpt": (GPTConfig, GPT),
+                                          "encdec": (EncDecConfig, EncoderDecoder)}
 
 
 def model_keys() -> frozenset[str]:
@@ -43,13 +45,13 @@ def resolve_config(config: Mapping) -> dict:
     allowed = {f.name for f in fields(config_cls)} - {"mixer_options"} | {"model", "preset"} | mixer_keys()
     for key in resolved:
         if key not in allowed:
-            other = "gpt" if family == "vit" else "vit"
-            hint = f" (it belongs to model {other!r})" if key in model_keys() else ""
+            owners = [name for name, (cfg, _) in FAMILIES.items() if key in {f.name for f in fields(cfg)}]
+            hint = f" (it belongs to model {' or '.join(map(repr, owners))})" if owners else ""
             raise ConfigError(key, f"is not a config key of model {family!r}{hint}; see docs/config.md")
     return resolved
 
 
-def build_config(config: Mapping) -> ViTConfig | GPTConfig:
+def build_config(config: Mapping) -> ViTConfig | GPTConfig | EncDecConfig:
     resolved = resolve_config(config)
     config_cls = FAMILIES[resolved["model"]][0]
     return config_from_flat(config_cls, {k: v for k, v in resolved.items() if k not in ("model", "preset")})
@@ -61,7 +63,7 @@ def build_model(config: Mapping, device: torch.device | str | None = None) -> nn
     ``device="meta"`` builds the model without allocating it (for parameter counts of large presets).
     """
     model_config = build_config(config)
-    model_cls = FAMILIES["vit" if isinstance(model_config, ViTConfig) else "gpt"][1]
+    model_cls = next(model for cfg, model in FAMILIES.values() if type(model_config) is cfg)
     with torch.device(device) if device is not None else nullcontext():
         return model_cls(model_config)
 
