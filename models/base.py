@@ -33,18 +33,20 @@ class MixerModel(nn.Module):
     mixer_kinds: list[str]
 
     def _build_blocks(self, config, *, causal: bool, seq_len: int, proj_bias: bool, rope,
-                      drop_path_schedule: str = "linear", **block_options) -> None:
+                      drop_path_schedule: str = "linear", block_style: str = "gpt2", num_kv_heads: int | None = None,
+                      **block_options) -> None:
         """One Block per layer around the mixer its kind names, told what the layer is (its Laplacian head count,
-        causality, sequence length). Stochastic depth: ``config.drop_path`` in every layer (``"uniform"``, DeiT
-        III's models_v2.py), or rising linearly from 0 in the first layer to it in the last (``"linear"``, DeiT I
-        and timm)."""
+        causality, sequence length, block style). Stochastic depth: ``config.drop_path`` in every layer
+        (``"uniform"``, DeiT III's models_v2.py), or rising linearly from 0 in the first layer to it in the last
+        (``"linear"``, DeiT I and timm)."""
         drop_rates = drop_path_rates(config.drop_path, config.depth, drop_path_schedule)
         self.mixer_kinds = config.mixer_kinds
         self.blocks = nn.ModuleList()
         for layer, kind in enumerate(config.mixer_kinds):
             context = LayerContext(dim=config.dim, num_heads=config.num_heads, layer=layer,
                                    laplacian_heads=config.laplacian_counts[layer], causal=causal, seq_len=seq_len,
-                                   qkv_bias=config.qkv_bias, proj_bias=proj_bias, rope=rope)
+                                   qkv_bias=config.qkv_bias, proj_bias=proj_bias, rope=rope,
+                                   block_style=block_style, num_kv_heads=num_kv_heads)
             self.blocks.append(Block(config.dim, build_mixer(kind, context, config.mixer_options),
                                      mlp_ratio=config.mlp_ratio, drop_path=drop_rates[layer], **block_options))
 

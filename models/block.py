@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.layers import DropPath, LayerScale, Mlp
+from models.layers import DropPath, LayerScale, Mlp, make_norm
 
 
 class Block(nn.Module):
@@ -20,17 +20,22 @@ class Block(nn.Module):
         layer_scale_init: float = 0.0,
         bias: bool = True,
         norm_eps: float = 1e-5,
+        norm: str = "layernorm",
+        mlp_act: str = "gelu",
     ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.norm1 = make_norm(norm, dim, norm_eps, bias)
         self.mixer = mixer
         self.ls1 = LayerScale(dim, layer_scale_init) if layer_scale_init > 0 else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), bias=bias)
+        self.norm2 = make_norm(norm, dim, norm_eps, bias)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), bias=bias, act=mlp_act)
         self.ls2 = LayerScale(dim, layer_scale_init) if layer_scale_init > 0 else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.mixer(self.norm1(x))))
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        """x (B, N, D) -> (B, N, D). ``cache``: the mixer's decoding state (its ``new_cache()``), for incremental
+        decoding; x then holds only the new positions."""
+        mixed = self.mixer(self.norm1(x)) if cache is None else self.mixer(self.norm1(x), cache=cache)
+        x = x + self.drop_path1(self.ls1(mixed))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -1,4 +1,4 @@
-"""Small building blocks shared by the models: stochastic depth, LayerScale, the MLP."""
+"""Small building blocks shared by the models: stochastic depth, LayerScale, the MLP and its activations, norms."""
 
 from __future__ import annotations
 
@@ -35,11 +35,28 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
+class ReluSquared(nn.Module):
+    """relu(x)^2, nanochat's MLP activation (from the Primer paper)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).square()
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "relu2": ReluSquared}
+
+
+def make_norm(kind: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """``layernorm`` (affine, optional bias) or ``rmsnorm`` (nanochat's: no parameters, eps the dtype's epsilon)."""
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=None, elementwise_affine=False)
+    return nn.LayerNorm(dim, eps=eps, bias=bias)
+
+
 class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, bias: bool = True):
+    def __init__(self, dim: int, hidden: int, bias: bool = True, act: str = "gelu"):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
-        self.act = nn.GELU()
+        self.act = ACTIVATIONS[act]()
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

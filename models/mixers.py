@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from models.attention import MixedHeadAttention
+from models.attention import MixedHeadAttention, RotaryQKNormAttention
 from models.errors import ConfigError
 from models.rope import RotaryEmbedding
 from models.stlt import STLT_KEYS, STLTMixer, stlt_config, validate_stlt_options
@@ -30,6 +30,9 @@ class LayerContext:
     qkv_bias: bool
     proj_bias: bool
     rope: RotaryEmbedding | None
+    # "gpt2" (fused q/k/v projection) or "nanochat" (separate ones, GQA, QK norm): see models/gpt.py.
+    block_style: str = "gpt2"
+    num_kv_heads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class MixerSpec:
 
 
 def _attention(ctx: LayerContext, options: Mapping) -> nn.Module:
+    if ctx.block_style == "nanochat":
+        return RotaryQKNormAttention(ctx.dim, ctx.num_heads, ctx.num_kv_heads, laplacian_heads=ctx.laplacian_heads,
+                                     causal=ctx.causal, rope=ctx.rope)
     return MixedHeadAttention(
         ctx.dim,
         ctx.num_heads,

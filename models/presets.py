@@ -16,9 +16,14 @@ PRESETS: dict[str, dict] = {
                       dim=768, depth=12, num_heads=12),
     "gpt_tiny": dict(model="gpt", vocab_size=257, context_length=128, dim=64, depth=4, num_heads=4),
     "gpt_small": dict(model="gpt", vocab_size=50304, context_length=1024, dim=768, depth=12, num_heads=12),
-    # The paper's language model: 20 layers, width 1280, 10 heads, 65,536 tokens, untied embeddings (~561M).
-    "gpt_d20": dict(model="gpt", vocab_size=65536, context_length=2048, dim=1280, depth=20, num_heads=10,
-                    tie_embeddings=False),
+    # The paper's language model: nanochat's d20 (docs/nanochat.md). nanochat derives it from depth 20: width
+    # 64 * depth = 1280, heads of dimension 128 (ceil(1280 / 128) = 10), as many key/value heads, 2**16 tokens,
+    # sequence 2048, untied: 560,988,160 parameters.
+    "gpt_d20": dict(model="gpt", block_style="nanochat", vocab_size=65536, context_length=2048, dim=1280, depth=20,
+                    num_heads=10, num_kv_heads=10, tie_embeddings=False),
+    # The same sizes in the GPT-2 style blocks (LayerNorm with weights, GELU, fused q/k/v, GPT-2 init): 561,040,640.
+    "gpt_d20_gpt2": dict(model="gpt", block_style="gpt2", vocab_size=65536, context_length=2048, dim=1280, depth=20,
+                         num_heads=10, tie_embeddings=False),
 }
 
 DEFAULT_PRESET = {"vit": "vit_tiny", "gpt": "gpt_tiny"}
