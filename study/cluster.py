@@ -40,6 +40,62 @@ def check_address(address: str | None) -> None:
                         "is the cluster up? (`ray status` on its head)") from None
 
 
+# Filesystems shared between machines, by their type in the mount table (/proc/mounts).
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "efs", "cifs", "smb3", "smbfs", "9p", "afs", "lustre", "gpfs", "beegfs", "glusterfs", "ceph",
+    "fuse.ceph", "fuse.glusterfs", "fuse.gcsfuse", "fuse.s3fs", "fuse.mountpoint-s3", "fuse.sshfs", "fuse.juicefs",
+})
+MOUNTS_FILE = "/proc/mounts"
+TRACKING_FIX = ("pass --tracking-uri http://HEAD:5000, the MLflow server on the cluster's head (cluster.yaml and "
+                "k8s/rayjob.yaml set LAPSTUDY_TRACKING_URI to it; docs/cluster.md)")
+
+
+def filesystem_type(path: Path, mounts_file: str | None = None) -> str | None:
+    """The type of the filesystem holding `path` (or its nearest existing parent), from the mount table: the entry
+    with the longest mount point above it. None where the table cannot be read (not Linux)."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        lines = Path(mounts_file or MOUNTS_FILE).read_text().splitlines()
+    except OSError:
+        return None
+    best, kind = "", None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount_point = fields[1].replace("\\040", " ")
+        if (str(path) == mount_point or str(path).startswith(mount_point.rstrip("/") + "/")) \
+                and len(mount_point) >= len(best):
+            best, kind = mount_point, fields[2]
+    return kind
+
+
+def check_tracking_store(tracking_uri: str | None, storage: Path, address: str | None,
+                         hosts: set[str] | None = None) -> None:
+    """Refuse a SQLite tracking store for a study that spans machines. `tracking_uri` None is the default SQLite
+    store in the study folder under `storage`. Before Ray starts (`hosts` None): a joined cluster (`address`) with
+    the store on a network filesystem, whose nodes (and the autoscaler's later ones) would all write that file
+    (SQLite's locking is not safe over NFS: a corrupt or locked store). After it (`hosts`: the machines of the
+    cluster's nodes): nodes on several machines, each of which would open its own SQLite file."""
+    if tracking_uri is None:
+        where, named = Path(storage), f"no --tracking-uri, so the study would log to SQLite in {Path(storage)}"
+    elif tracking_uri.startswith("sqlite:"):
+        where, named = Path(tracking_uri.split(":///", 1)[-1] or "."), f"--tracking-uri {tracking_uri}"
+    else:
+        return
+    if hosts is not None:
+        if len(hosts) > 1:
+            raise UserError(f"{named}: the cluster's nodes are on {len(hosts)} machines and each would write its own "
+                            f"SQLite file; {TRACKING_FIX}")
+        return
+    kind = filesystem_type(where)
+    if address and kind in NETWORK_FILESYSTEMS:
+        raise UserError(f"{named}, on a shared filesystem ({kind}) written from several nodes: SQLite's locking is "
+                        f"not safe there; {TRACKING_FIX}")
+
+
 def pin_ray_address() -> None:
     """Point Ray's own address look-ups in this process at the cluster it is connected to. Ray's State API, which
     Tune and Train's placement-group cleaner call without an address, otherwise looks for a local cluster and gives

@@ -15,7 +15,7 @@ from typing import Callable
 
 import ray
 
-from study.cluster import check_address, connect_ray
+from study.cluster import check_address, check_tracking_store, connect_ray
 from study.data import DatasetConfig, TaskData, check_dataset, load_task_data
 from study.resources import trial_concurrency
 from study.runspec import Resources
@@ -53,6 +53,7 @@ def preflight(request: Request, check_configs: Callable[[TaskData | None], None]
     field). `previous`: the record of a study driver that died; what its Ray session left running is ended right
     before Ray starts again."""
     check_configs(None)
+    check_tracking_store(request.tracking_uri, request.storage, request.address)  # before check_store makes a file
     if request.tracking_uri:
         check_store(request.tracking_uri, request.experiment, must_be_new=request.new_experiment)
     check_address(request.address)
@@ -64,7 +65,10 @@ def preflight(request: Request, check_configs: Callable[[TaskData | None], None]
     session_dir = connect_ray(request.address, request.storage)
     task_data = load_task_data(request.task, request.dataset, seed=request.seed)
     check_configs(task_data)
-    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    check_tracking_store(request.tracking_uri, request.storage, request.address,
+                         hosts={node["NodeManagerAddress"] for node in alive})
+    nodes = [node["Resources"] for node in alive]
     concurrency = trial_concurrency(request.resources, ray.cluster_resources(), nodes, request.max_concurrent,
                                     worker_resources=request.worker_resources)
     return Launch(task_data, concurrency, session_dir)

@@ -1,0 +1,212 @@
+"""The launch path fails loudly. cluster.yaml: a valid Ray cluster-launcher config (the schema inside `ray`), every
+node on the project's image at the pinned Ray and Python, no `|| true`; its shell steps run here with bash (with
+`sudo`, `docker`, `mountpoint`, `nvidia-smi` replaced by recording fakes) refuse to go on when a setting is unset and
+do their job when it is set. `lapstudy run` refuses a SQLite tracking store for a study that spans machines."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import ray
+import yaml
+
+from study import cli
+from study.cluster import check_tracking_store, filesystem_type
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON_TAG = "py311"
+SETTINGS = {"LAPSTUDY_IMAGE": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lapstudy",
+            "LAPSTUDY_IMAGE_TAG": "2.60.0-py311", "LAPSTUDY_EFS_ID": "fs-0123456789abcdef0",
+            "LAPSTUDY_MLFLOW_BACKEND_STORE_URI": "postgresql://mlflow@db.internal:5432/mlflow",
+            "LAPSTUDY_MLFLOW_ARTIFACTS": "s3://bucket/mlflow"}
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return yaml.safe_load((REPO / "cluster.yaml").read_text())
+
+
+def _all_commands(config) -> list[str]:
+    keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+            "head_start_ray_commands", "worker_start_ray_commands")
+    commands = [c for key in keys for c in config.get(key) or []]
+    for node_type in config["available_node_types"].values():
+        for key in ("initialization_commands", "worker_setup_commands"):
+            commands += node_type.get(key) or []
+    return commands
+
+
+def _command(config, key: str, needle: str) -> str:
+    found = [c for c in config[key] if needle in c]
+    assert len(found) == 1, f"one {key} entry with {needle!r}"
+    return found[0]
+
+
+def test_validates_against_rays_autoscaler_schema(config):
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    jsonschema.validate(config, schema)
+    broken = {**config, "docker": {**config["docker"], "imag": "x"}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+
+def test_nodes_run_the_pinned_image_on_a_current_ubuntu_host(config):
+    ray_version = re.search(r"^ray==(\S+)", (REPO / "requirements.lock").read_text(), re.M).group(1)
+    assert ray.__version__ == ray_version, "the tests run on the Ray the lock and the image pin"
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert f"ARG RAY_VERSION={ray_version}\n" in dockerfile and f"ARG PYTHON_TAG={PYTHON_TAG}\n" in dockerfile
+    images = {config["docker"]["head_image"], config["docker"]["worker_image"]}
+    for name, node_type in config["available_node_types"].items():
+        image = node_type.get("docker", {}).get("worker_image", config["docker"]["worker_image"])
+        is_gpu = node_type["node_config"]["InstanceType"].startswith(("g", "p"))
+        assert image == f"lapstudy-node:{'gpu' if is_gpu else 'cpu'}", name
+        images.add(image)
+        ami = node_type["node_config"]["ImageId"]
+        assert ami != "latest_dlami" and (re.fullmatch(r"ami-[0-9a-f]{8,17}", ami) or
+                                          re.search(r"ubuntu-(22|24)\.04", ami)), f"{name}: {ami}"
+    assert images == {"lapstudy-node:cpu", "lapstudy-node:gpu"}
+    # The initialization command is what makes those tags: from the pushed image of the matching flavour.
+    pull = _command(config, "initialization_commands", "docker pull")
+    assert '"lapstudy-node:$FLAVOUR"' in pull
+
+
+def test_nothing_fails_silently(config):
+    for command in _all_commands(config):
+        assert not re.search(r"\|\|\s*(true|:)\b", command), command
+        assert ":-fs-" not in command and "fs-0000" not in command, "no placeholder default for the EFS id"
+        assert "pip install" not in command, "the image has the project: no install at boot"
+
+
+def _run(snippet: str, tmp_path: Path, env: dict, fail_mount: bool = False) -> subprocess.CompletedProcess:
+    """Run a command of cluster.yaml as Ray runs it (bash, in a subshell), with the commands that touch the machine
+    replaced by functions that record their arguments in `log`."""
+    log = tmp_path / "log"
+    fakes = f"""
+log={log}
+sudo() {{ echo "sudo $*" >> $log; if [ "$1" = mount ]; then {'return 32' if fail_mount else 'touch ' + str(tmp_path / 'mounted')}; fi; }}
+mountpoint() {{ [ -e {tmp_path / 'mounted'} ]; }}
+docker() {{ echo "docker $*" >> $log; }}
+aws() {{ echo "aws $*" >> $log; echo password; }}
+nvidia-smi() {{ return 1; }}
+"""
+    return subprocess.run(["bash", "-c", f"{fakes}\n({snippet})"], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
+
+
+@pytest.mark.parametrize("variable", ["LAPSTUDY_EFS_ID"])
+def test_mount_refuses_an_unset_efs_id_and_mounts_a_set_one(config, tmp_path, variable):
+    snippet = _command(config, "initialization_commands", "mount -t nfs4")
+    unset = _run(snippet, tmp_path, {k: v for k, v in SETTINGS.items() if k != variable})
+    assert unset.returncode != 0
+    assert variable in unset.stderr and "cluster.env" in unset.stderr
+    assert not (tmp_path / "log").exists(), "nothing is mounted or created before the check"
+
+    empty = _run(snippet, tmp_path, {**SETTINGS, variable: ""})
+    assert empty.returncode != 0 and variable in empty.stderr
+
+    failed = _run(snippet, tmp_path, SETTINGS, fail_mount=True)
+    assert failed.returncode != 0 and "cannot mount EFS" in failed.stderr, "a failed mount stops the node"
+
+    done = _run(snippet, tmp_path, SETTINGS)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "log").read_text()
+    assert f"sudo mount -t nfs4 -o nfsvers=4.1" in log
+    assert f"{SETTINGS[variable]}.efs.us-west-2.amazonaws.com:/ /mnt/shared" in log
+
+
+@pytest.mark.parametrize("variable", ["LAPSTUDY_IMAGE", "LAPSTUDY_IMAGE_TAG"])
+def test_image_pull_refuses_an_unset_image_and_tags_the_pulled_one(config, tmp_path, variable):
+    snippet = _command(config, "initialization_commands", "docker pull")
+    unset = _run(snippet, tmp_path, {k: v for k, v in SETTINGS.items() if k != variable})
+    assert unset.returncode != 0 and variable in unset.stderr and "cluster.env" in unset.stderr
+    assert not (tmp_path / "log").exists()
+    done = _run(snippet, tmp_path, SETTINGS)
+    assert done.returncode == 0, done.stderr
+    pulled = f"{SETTINGS['LAPSTUDY_IMAGE']}:{SETTINGS['LAPSTUDY_IMAGE_TAG']}-cpu"  # the fake host has no GPU
+    assert f"docker pull {pulled}\ndocker tag {pulled} lapstudy-node:cpu" in (tmp_path / "log").read_text()
+
+
+@pytest.mark.parametrize("variable", ["LAPSTUDY_MLFLOW_BACKEND_STORE_URI", "LAPSTUDY_MLFLOW_ARTIFACTS"])
+def test_mlflow_server_refuses_an_unset_or_local_store(config, tmp_path, variable):
+    snippet = _command(config, "head_start_ray_commands", "mlflow server")
+    assert "--serve-artifacts" in snippet and '--artifacts-destination "$LAPSTUDY_MLFLOW_ARTIFACTS"' in snippet
+    assert '--backend-store-uri "$LAPSTUDY_MLFLOW_BACKEND_STORE_URI"' in snippet
+    unset = _run(snippet, tmp_path, {k: v for k, v in SETTINGS.items() if k != variable})
+    assert unset.returncode != 0 and variable in unset.stderr
+    local = {"LAPSTUDY_MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path}/mlflow.db",
+             "LAPSTUDY_MLFLOW_ARTIFACTS": str(tmp_path / "artifacts")}[variable]
+    refused = _run(snippet, tmp_path, {**SETTINGS, variable: local})
+    assert refused.returncode != 0 and variable in refused.stderr
+    assert not (tmp_path / "mlflow").exists(), "the server is not started on a store that ray down deletes"
+
+
+def test_the_head_gives_jobs_the_tracking_server(config):
+    start = _command(config, "head_start_ray_commands", "ray start --head")
+    assert start.startswith(f"{cli.TRACKING_URI_VARIABLE}=http://$(hostname -I | cut -d' ' -f1):5000 ray start")
+    mlflow = _command(config, "head_start_ray_commands", "mlflow server")
+    assert '--host "$HEAD_IP" --port 5000' in mlflow
+
+
+# --- lapstudy run refuses SQLite for a study across machines -------------------------------------------------------
+
+def _mounts(tmp_path: Path, shared: Path, kind: str = "nfs4") -> str:
+    table = tmp_path / "mounts"
+    table.write_text(f"/dev/root / ext4 rw 0 0\nfs-1.efs.us-west-2.amazonaws.com:/ {shared} {kind} rw 0 0\n")
+    return str(table)
+
+
+def test_filesystem_type_reads_the_longest_mount_point(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    (shared / "studies").mkdir(parents=True)
+    monkeypatch.setattr("study.cluster.MOUNTS_FILE", _mounts(tmp_path, shared))
+    assert filesystem_type(shared / "studies" / "not-yet" / "mlflow.db") == "nfs4"
+    assert filesystem_type(tmp_path) == "ext4"
+    assert filesystem_type(Path(str(shared) + "-other")) == "ext4"
+
+
+def test_refusal_rules(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr("study.cluster.MOUNTS_FILE", _mounts(tmp_path, shared))
+    from study.errors import UserError
+
+    # (tracking URI, storage) with the SQLite file on the shared filesystem, then on a local disk
+    on_shared = [(None, shared), (f"sqlite:///{shared}/mlflow.db", tmp_path)]
+    on_local = [(None, tmp_path), (f"sqlite:///{tmp_path}/mlflow.db", shared)]
+    for uri, storage in on_shared:
+        with pytest.raises(UserError, match="shared filesystem .nfs4.*--tracking-uri http://HEAD:5000"):
+            check_tracking_store(uri, storage, "auto")  # joined cluster, store on NFS
+        check_tracking_store(uri, storage, None)  # a local study on a network home folder: one machine
+    for uri, storage in on_shared + on_local:
+        with pytest.raises(UserError, match="2 machines"):
+            check_tracking_store(uri, storage, "auto", hosts={"10.0.0.1", "10.0.0.2"})
+    for uri, storage in on_local:
+        check_tracking_store(uri, storage, "auto")  # a local disk, before Ray: the nodes' machines decide
+        check_tracking_store(uri, storage, "auto", hosts={"127.0.0.1"})  # a simulated cluster on one machine
+    check_tracking_store("http://10.0.0.1:5000", shared, "auto", hosts={"10.0.0.1", "10.0.0.2"})
+
+
+def test_lapstudy_run_refuses_sqlite_on_a_shared_filesystem_for_a_cluster(tmp_path, monkeypatch, capfd):
+    from fault_fixtures import tiny_space, write_space
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr("study.cluster.MOUNTS_FILE", _mounts(tmp_path, shared))
+    monkeypatch.delenv(cli.TRACKING_URI_VARIABLE, raising=False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("ray.init called: the refusal must come before Ray starts")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    space = write_space(tmp_path / "space.yaml", tiny_space())
+    code = cli.main(["run", str(space), "--address", "auto", "--storage", str(shared / "studies")])
+    out, err = capfd.readouterr()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "SQLite" in lines[0] and "--tracking-uri http://HEAD:5000" in lines[0], err
+    assert not any(shared.iterdir()), "nothing written"
