@@ -24,6 +24,17 @@ PRESETS: dict[str, dict] = {
     # The same sizes in the GPT-2 style blocks (LayerNorm with weights, GELU, fused q/k/v, GPT-2 init): 561,040,640.
     "gpt_d20_gpt2": dict(model="gpt", block_style="gpt2", vocab_size=65536, context_length=2048, dim=1280, depth=20,
                          num_heads=10, tie_embeddings=False),
+    # Encoder-decoders (models/encdec.py, docs/encdec.md). Transformer-base (Vaswani et al. 2017): 6 + 6 post-norm
+    # layers, width 512, FFN 2048, 8 heads, dropout 0.1, one 37,000-token BPE vocabulary shared by source, target and
+    # output (three-way tying): 63,082,496 parameters (tests/test_encdec.py writes out the sum).
+    "encdec_tiny": dict(model="encdec", vocab_size=32, context_length=64, dim=64, depth=2, num_heads=4),
+    "transformer_base": dict(model="encdec", vocab_size=37000, context_length=256, dim=512, depth=6, decoder_depth=6,
+                             num_heads=8, mlp_ratio=4.0, dropout=0.1, embeddings="shared", norm_position="post"),
+    # The same with STLT token mixing: bilateral in the encoder, causal in the decoder; cross-attention stays, and
+    # is where the Laplacian-head schedule applies (STLT layers have no heads).
+    "transformer_base_stlt": dict(model="encdec", vocab_size=37000, context_length=256, dim=512, depth=6,
+                                  decoder_depth=6, num_heads=8, mlp_ratio=4.0, dropout=0.1, embeddings="shared",
+                                  norm_position="post", mixer="stlt", decoder_mixer="stlt", laplacian_sites="cross"),
 }
 
-DEFAULT_PRESET = {"vit": "vit_tiny", "gpt": "gpt_tiny"}
+DEFAULT_PRESET = {"vit": "vit_tiny", "gpt": "gpt_tiny", "encdec": "encdec_tiny"}
