@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from models.base import MixerModel, ModelOutput
-from models.checks import check_choice, check_int, check_number
+from models.checks import check_bool, check_choice, check_int, check_number
 from models.config import TransformerConfig
 from models.errors import ConfigError
 
@@ -32,6 +32,9 @@ class ViTConfig(TransformerConfig):
     layer_scale_init: float = 1e-4
     norm_eps: float = 1e-6  # every LayerNorm (DeiT III); PyTorch's default is 1e-5
     drop_path_schedule: str = "uniform"  # "uniform": drop_path in every block (DeiT III); "linear": 0 -> drop_path
+    # A learned position embedding for the class token too (DINO's and timm's ViT: pos_embed over 1 + P tokens);
+    # DeiT III adds position embeddings to the patches only.
+    class_pos_embed: bool = False
 
     def __post_init__(self):
         check_int("image_size", self.image_size, low=1)
@@ -44,6 +47,7 @@ class ViTConfig(TransformerConfig):
         check_number("layer_scale_init", self.layer_scale_init, low=0.0)
         check_number("norm_eps", self.norm_eps, low=0.0, low_open=True)
         check_choice("drop_path_schedule", self.drop_path_schedule, ("uniform", "linear"))
+        check_bool("class_pos_embed", self.class_pos_embed)
         super().__post_init__()
 
     @property
@@ -58,6 +62,7 @@ class ViT(MixerModel):
         self.patch_embed = nn.Conv2d(c.in_chans, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, c.num_patches, c.dim))
+        self.cls_pos_embed = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_pos_embed else None
         self._build_blocks(c, causal=False, seq_len=c.num_patches + 1, proj_bias=True, rope=None,
                            drop_path_schedule=c.drop_path_schedule, layer_scale_init=c.layer_scale_init,
                            norm_eps=c.norm_eps)
@@ -66,13 +71,16 @@ class ViT(MixerModel):
         self.apply(_init_weights)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if self.cls_pos_embed is not None:
+            nn.init.trunc_normal_(self.cls_pos_embed, std=0.02)  # DINO: trunc_normal_(pos_embed) over all tokens
 
     def forward(self, images: torch.Tensor, return_features: bool = False):
         """images (B, C, H, W) -> logits (B, num_classes), or ModelOutput with the last-layer tokens (B, 1 + P, d)
         after the final norm and the feature (B, d) the classifier reads."""
         x = self.patch_embed(images)  # (B, d, H / patch, W / patch)
         x = x.flatten(2).transpose(1, 2) + self.position_embedding(*x.shape[-2:])  # (B, P, d)
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        cls = self.cls_token if self.cls_pos_embed is None else self.cls_token + self.cls_pos_embed
+        x = torch.cat((cls.expand(x.shape[0], -1, -1), x), dim=1)
         for block in self.blocks:
             x = block(x)
         tokens = self.norm(x)
@@ -84,8 +92,8 @@ class ViT(MixerModel):
         """Position embeddings (1, grid_h * grid_w, d) of a grid_h x grid_w patch grid: the learned ones at the
         configured image size, else those resized bicubically as DINO does for its 96-pixel local crops
         (facebookresearch/dino vision_transformer.py:174-194): torch's bicubic interpolation with a scale factor of
-        (grid + 0.1) / side, the 0.1 keeping floor(side * scale) from falling one short (:184-186). DINO also
-        carries a class-token embedding; this ViT has none (DeiT III), so only the patch embeddings are resized."""
+        (grid + 0.1) / side, the 0.1 keeping floor(side * scale) from falling one short (:184-186). DINO's class-token
+        embedding (`class_pos_embed`) is kept as it is, as DINO keeps it."""
         side = self.config.image_size // self.config.patch_size
         if (grid_h, grid_w) == (side, side):
             return self.pos_embed
@@ -109,7 +117,7 @@ class ViT(MixerModel):
         return self.head.bias
 
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "cls_pos_embed"}
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -361,7 +361,7 @@ def test_classification_nc4_compares_the_vits_own_predictions_with_the_nearest_c
     batches = [{"image": torch.randn(40, 1, 8, 8, dtype=torch.float64), "label": torch.arange(40) % 4}
                for _ in range(2)]
     task = task_class("classification")(vit, Worker(0, 1, torch.device("cpu")), seed=0,
-                                        geometry=GeometrySpec(pca_points=20))
+                                        geometry=GeometrySpec(pca_points=20), hyperparameters={})
     metrics = task.evaluate(batches, autocast=nullcontext(), geometry=True).metrics
 
     images, labels = torch.cat([b["image"] for b in batches]), torch.cat([b["label"] for b in batches])

@@ -35,7 +35,10 @@ class FrozenBackbone(nn.Module):
         return self
 
     def layer_outputs_of(self, images: torch.Tensor) -> list[torch.Tensor]:
-        """Every block's output through the final norm (models/base.py's layer_outputs), without gradients."""
+        """Every block's output through the final norm (models/base.py's layer_outputs), without gradients. Colour
+        images for a backbone trained on one channel are read as their channel mean (its grey level)."""
+        if images.shape[1] != self.config.in_chans and self.config.in_chans == 1:
+            images = images.mean(dim=1, keepdim=True)
         with torch.no_grad(), self.backbone.layer_outputs() as outputs:
             self.backbone(images)
         return outputs

@@ -1,0 +1,106 @@
+"""search_spaces/dino_vits_imagenet.yaml against the reference it claims: facebookresearch/dino's ViT-S/16 100-epoch
+run (README: `main_dino.py --arch vit_small`, everything else at main_dino.py's argparse defaults), its linear
+evaluation (eval_linear.py) and the ViT it trains (vision_transformer.py). The reference values are written out here
+with the lines they come from, so a change to the space that departs from them fails."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import build_model, count_parameters
+from study.space import load_space
+
+SPACE = load_space(Path(__file__).resolve().parents[1] / "search_spaces" / "dino_vits_imagenet.yaml")
+GPUS = 8  # the README's single-node command: --nproc_per_node=8
+
+MAIN_DINO = {  # main_dino.py get_args_parser()
+    "patch_size": 16,  # :50
+    "out_dim": 65536,  # :55
+    "norm_last_layer": True,  # :57
+    "momentum_teacher": 0.996,  # :61
+    "use_bn_in_head": False,  # :64
+    "warmup_teacher_temp": 0.04,  # :68
+    "teacher_temp": 0.04,  # :71
+    "warmup_teacher_temp_epochs": 0,  # :74
+    "weight_decay": 0.04,  # :82
+    "weight_decay_end": 0.4,  # :84
+    "clip_grad": 3.0,  # :87
+    "batch_size_per_gpu": 64,  # :90
+    "epochs": 100,  # :92
+    "freeze_last_layer": 1,  # :93
+    "lr": 0.0005,  # :96, per 256 images (linear scaling at :239)
+    "warmup_epochs": 10,  # :99
+    "min_lr": 1e-6,  # :101
+    "optimizer": "adamw",  # :103
+    "drop_path_rate": 0.1,  # :105
+    "global_crops_scale": (0.4, 1.0),  # :108
+    "local_crops_number": 8,  # :112
+    "local_crops_scale": (0.05, 0.4),  # :115
+}
+EVAL_LINEAR = {"n_last_blocks": 4, "avgpool_patchtokens": False, "epochs": 100, "lr": 0.001,  # :256-266
+               "batch_size_per_gpu": 128, "momentum": 0.9, "weight_decay": 0.0}  # :270, :103-108
+EVAL_KNN = {"nb_knn": 20, "temperature": 0.07}  # eval_knn.py: --nb_knn [10, 20, 100, 200], --temperature 0.07
+
+
+def test_pretraining_is_main_dinos_vit_small_run():
+    fixed, data = SPACE.fixed, SPACE.dataset
+    batch = MAIN_DINO["batch_size_per_gpu"] * GPUS
+    assert fixed["batch_size"] == batch and SPACE.epochs == MAIN_DINO["epochs"]
+    assert fixed["lr"] == pytest.approx(MAIN_DINO["lr"] * batch / 256)
+    assert fixed["min_lr_ratio"] == pytest.approx(MAIN_DINO["min_lr"] / fixed["lr"])
+    assert fixed["warmup_epochs"] == MAIN_DINO["warmup_epochs"] and fixed["optimizer"] == MAIN_DINO["optimizer"]
+    assert fixed["weight_decay"] == MAIN_DINO["weight_decay"]
+    assert fixed["dino_weight_decay_end"] == MAIN_DINO["weight_decay_end"]
+    assert fixed["grad_clip"] == MAIN_DINO["clip_grad"] and fixed["drop_path"] == MAIN_DINO["drop_path_rate"]
+    for key in ("out_dim", "norm_last_layer", "momentum_teacher", "use_bn_in_head", "warmup_teacher_temp",
+                "teacher_temp", "warmup_teacher_temp_epochs", "freeze_last_layer"):
+        assert fixed[f"dino_{key}"] == MAIN_DINO[key], key
+    assert (fixed["dino_knn_k"], fixed["dino_knn_temperature"]) == (EVAL_KNN["nb_knn"], EVAL_KNN["temperature"])
+    assert data.augment == "dino_multicrop" and data.image_size == 224 and data.local_size == 96
+    assert data.local_crops == MAIN_DINO["local_crops_number"]
+    assert tuple(data.global_crop_scale) == MAIN_DINO["global_crops_scale"]
+    assert tuple(data.local_crop_scale) == MAIN_DINO["local_crops_scale"]
+
+
+def test_the_backbone_is_dinos_vit_small():
+    """vision_transformer.py vit_small: patch 16, dim 384, depth 12, 6 heads, mlp 4, qkv_bias, LayerNorm eps 1e-6,
+    no LayerScale, a position embedding for the class token as for every patch, stochastic depth rising linearly from 0 to drop_path_rate (dpr = linspace); 21.7M parameters
+    without a classifier head (DINO's table: 21M)."""
+    config = {**{k: v for k, v in SPACE.fixed.items() if not k.startswith("dino_")}, "k": 0}
+    vit = build_model({key: config[key] for key in ("preset", "layer_scale_init", "drop_path", "drop_path_schedule",
+                                                    "class_pos_embed", "k")}, device="meta")
+    c = vit.config
+    assert (c.patch_size, c.dim, c.depth, c.num_heads, c.mlp_ratio, c.qkv_bias) == (16, 384, 12, 6, 4.0, True)
+    assert all(m.eps == 1e-6 for m in vit.modules() if isinstance(m, torch.nn.LayerNorm))
+    assert c.layer_scale_init == 0.0
+    assert [b.drop_path1.p for b in vit.blocks] == pytest.approx([0.1 * i / 11 for i in range(12)])
+    d, tokens = 384, 1 + (224 // 16) ** 2
+    block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    backbone = (3 * 16 * 16 * d + d) + d + tokens * d + 12 * block + 2 * d
+    head = sum(p.numel() for p in vit.head.parameters())
+    assert count_parameters(vit) - head == backbone == 21_665_664
+
+
+def test_the_probes_are_eval_linear_and_dinov2s_linear_decoder():
+    linear, segmentation = SPACE.stages
+    hp = linear.hyperparameters
+    batch = EVAL_LINEAR["batch_size_per_gpu"] * GPUS
+    assert linear.task == "linear_probe" and linear.epochs == EVAL_LINEAR["epochs"] and hp["batch_size"] == batch
+    assert hp["optimizer"] == "sgd" and hp["lr"] == pytest.approx(EVAL_LINEAR["lr"] * batch / 256)
+    assert hp["weight_decay"] == EVAL_LINEAR["weight_decay"] and hp["min_lr_ratio"] == 0.0  # cosine to eta_min 0
+    assert hp.get("beta1", 0.9) == EVAL_LINEAR["momentum"] and hp["warmup_epochs"] == 0
+    assert (hp["probe_blocks"], hp["probe_avgpool"]) == (EVAL_LINEAR["n_last_blocks"],
+                                                         EVAL_LINEAR["avgpool_patchtokens"])
+    assert linear.dataset.augment == "basic"  # RandomResizedCrop(224) + horizontal flip
+    # DINOv2 configs/eval/vits14_ade20k_linear_config (mmseg): AdamW 1e-3, wd 1e-4, 40k iterations of batch 16
+    seg = segmentation.hyperparameters
+    assert segmentation.task == "segmentation_probe" and segmentation.dataset.source == "ade20k"
+    assert (seg["optimizer"], seg["lr"], seg["weight_decay"], seg["batch_size"]) == ("adamw", 1e-3, 1e-4, 16)
+    assert segmentation.epochs == round(40_000 * 16 / 20_210)
+    assert (seg["seg_blocks"], seg["seg_cls_token"], seg["seg_batch_norm"]) == (1, True, True)
+
+
+def test_the_grid_keeps_fewer_laplacian_heads_than_vit_small_has():
+    grid = SPACE.parameters["k"].choices
+    assert SPACE.metric == "linear/val_acc" and {0, 5} <= set(grid) and max(grid) < 6  # the paper's 0 and 5 of 6
