@@ -238,11 +238,13 @@ class EncoderDecoder(MixerModel):
         self.reset_parameters()
 
     def _mixer(self, kind: str, layer: int, laplacian_heads: int, *, causal: bool) -> nn.Module:
+        """Layer ``layer``'s self-mixer. Attention is the registry's plus padding masks and a K/V cache; any other
+        kind comes from the registry and must take ``padding_mask`` (and, in the decoder, decode step by step)."""
         c = self.config
+        if kind == "attention":
+            return SelfAttention(c.dim, c.num_heads, laplacian_heads, causal=causal, qkv_bias=c.qkv_bias)
         ctx = LayerContext(dim=c.dim, num_heads=c.num_heads, layer=layer, laplacian_heads=laplacian_heads,
                            causal=causal, seq_len=c.context_length, qkv_bias=c.qkv_bias, proj_bias=True, rope=None)
-        if kind == "attention":  # the registry's attention plus padding masks and a K/V cache
-            return SelfAttention(c.dim, c.num_heads, laplacian_heads, causal=causal, qkv_bias=c.qkv_bias)
         mixer = build_mixer(kind, ctx, c.mixer_options)
         if causal and not hasattr(mixer, "decode_step"):
             raise ConfigError("decoder_mixer", f"mixer {kind!r} has no decode_step, so it cannot decode")
