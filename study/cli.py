@@ -1,4 +1,4 @@
-"""The `lapstudy` command line: run, status, report, export, train, sync, ui.
+"""The `lapstudy` command line: run, status, report, export, train, eval, sync, ui.
 
 Paths are resolved once, here: relative to the working folder, `~` expanded, trailing slashes ignored. User
 mistakes (a bad space, config or flag, an unreachable cluster or tracking server) print one line on stderr that
@@ -100,6 +100,35 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--cpus-per-worker", type=float)
     train.add_argument("--gpus-per-worker", type=float)
 
+    evaluate = commands.add_parser(
+        "eval", help="benchmark a trained language model (lm-evaluation-harness tasks, HumanEval)",
+        description="Evaluate a run's language model on ARC, MMLU, GSM8K (lm-evaluation-harness) and HumanEval (its "
+                    "generated code run in a sandbox, only with --allow-code-execution); prints eval_<task>_<metric> "
+                    "and logs them to MLflow with --tracking-uri. See docs/evals.md.")
+    evaluate.add_argument("run", type=user_path, metavar="CONFIG_OR_RUN",
+                          help="a run config (exported or from lapstudy train) or a run folder")
+    evaluate.add_argument("--checkpoint", type=user_path, metavar="PATH",
+                          help="state.pt, a checkpoint_* folder or a run folder (default: found beside the config)")
+    evaluate.add_argument("--tasks", required=True, metavar="T1,T2",
+                          help="comma-separated: arc_easy, arc_challenge, mmlu, gsm8k, humaneval or any lm_eval task")
+    evaluate.add_argument("--include-path", type=user_path, action="append", default=[], metavar="DIR",
+                          help="a folder of lm_eval task configs (and humaneval.jsonl) over local data; its tasks "
+                               "take precedence over the harness's (repeatable; the way to evaluate offline)")
+    evaluate.add_argument("--limit", type=int, metavar="N", help="the first N examples of each task")
+    evaluate.add_argument("--num-fewshot", type=int, metavar="N", help="few-shot examples (default: each task's)")
+    evaluate.add_argument("--allow-code-execution", action="store_true",
+                          help="let HumanEval run model-generated code (each sample in a limited subprocess)")
+    evaluate.add_argument("--num-samples", type=int, default=1, metavar="K",
+                          help="HumanEval samples per problem: pass@1, and pass@10 with 10 or more (default 1)")
+    evaluate.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                          help="HumanEval sampling temperature (default 0: greedy; > 0 needed with --num-samples > 1)")
+    evaluate.add_argument("--chat", action="store_true", help="format prompts as a chat (apply_chat_template)")
+    evaluate.add_argument("--batch-size", type=int, default=16, metavar="N")
+    evaluate.add_argument("--device", default="cpu", help="torch device (default cpu; e.g. cuda)")
+    evaluate.add_argument("--tracking-uri", metavar="URI", help="log the metrics to this MLflow server")
+    evaluate.add_argument("--run-id", metavar="ID", help="the MLflow run to log into (default: a new run in "
+                          "experiment lapstudy-eval); needs --tracking-uri")
+
     ui = commands.add_parser("ui", help="the MLflow UI over a study's store")
     ui.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
@@ -169,6 +198,10 @@ def _dispatch(args) -> int:
         for path in export(StudyFolder(args.study_dir), _at_least(1, args.top, "--top"), args.out):
             print(path)
         return 0
+    if args.command == "eval":
+        from study.evals.cli import run_eval
+
+        return run_eval(args)
     return _ui(args.study_dir, args.host, args.port)
 
 

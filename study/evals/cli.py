@@ -1,0 +1,102 @@
+"""`lapstudy eval CONFIG_OR_RUN --tasks ...`: check the command line, load the run's model, evaluate, print and log.
+
+Every check that needs no model comes first (the flags, the HumanEval flag, whether each task can be found or its
+data reached), so a mistake costs no model loading and runs nothing."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from study.errors import UserError
+from study.evals.evaluate import HUMANEVAL, evaluate_model, harness_task_manager
+from study.evals.sandbox import CodeExecutionNotAllowed
+
+EXPERIMENT = "lapstudy-eval"
+
+
+def parse_tasks(text: str) -> list[str]:
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in tasks if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t)]
+    if not tasks or bad:
+        raise UserError(f"--tasks {text!r}: expected comma-separated task names, e.g. arc_easy,arc_challenge,mmlu,"
+                        f"gsm8k,{HUMANEVAL}")
+    return list(dict.fromkeys(tasks))
+
+
+def check_flags(args) -> list[str]:
+    tasks = parse_tasks(args.tasks)
+    for flag, value, low in (("--limit", args.limit, 1), ("--num-fewshot", args.num_fewshot, 0),
+                             ("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1)):
+        if value is not None and value < low:
+            raise UserError(f"{flag}: must be >= {low}, got {value}")
+    if not args.temperature >= 0:
+        raise UserError(f"--temperature: must be >= 0, got {args.temperature:g}")
+    if args.num_samples > 1 and args.temperature == 0:
+        raise UserError(f"--temperature: must be > 0 with --num-samples {args.num_samples} (greedy samples are all "
+                        "the same); e.g. 0.8 as the Codex paper's pass@10")
+    if HUMANEVAL in tasks and not args.allow_code_execution:
+        raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
+    if args.run_id and not args.tracking_uri:
+        raise UserError("--run-id: needs --tracking-uri (the server that holds the run)")
+    for folder in args.include_path:
+        if not folder.is_dir():
+            raise UserError(f"--include-path: {folder} is not a folder")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
+        raise UserError(f"--device: expected cpu, cuda, cuda:N or mps, got {args.device!r}")
+    return tasks
+
+
+def run_eval(args) -> int:
+    tasks = check_flags(args)
+    harness_tasks = [t for t in tasks if t != HUMANEVAL]
+    if harness_tasks:  # fails fast (offline, unknown) before the model is loaded
+        harness_task_manager(harness_tasks, args.include_path)
+    if HUMANEVAL in tasks:
+        from study.evals.humaneval import find_problem_file, load_problems
+
+        load_problems(find_problem_file(args.include_path))
+    from study.evals.load import load_model
+
+    model, tokenizer, spec = load_model(args.run, args.checkpoint, device=args.device)
+    print(f"evaluating {args.run} ({tokenizer.name} tokens, context {model.config.context_length}) on "
+          f"{', '.join(tasks)}", flush=True)
+    start = time.time()
+    metrics = evaluate_model(model, tokenizer, tasks, include_path=args.include_path, limit=args.limit,
+                             allow_code_execution=args.allow_code_execution, num_samples=args.num_samples,
+                             temperature=args.temperature, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
+                             apply_chat_template=args.chat, seed=spec.seed)
+    for name, value in metrics.items():
+        print(f"{name}: {value:.6f}")
+    print(f"({time.time() - start:.1f} s)", flush=True)
+    if args.tracking_uri:
+        run_id = log_metrics(metrics, args.tracking_uri, args.run_id, params={
+            "eval_tasks": ",".join(tasks), "eval_limit": args.limit, "eval_num_samples": args.num_samples,
+            "eval_temperature": args.temperature, "eval_run": str(args.run)})
+        print(f"logged to MLflow run {run_id}", flush=True)
+    return 0
+
+
+def log_metrics(metrics: dict[str, float], tracking_uri: str, run_id: str | None, params: dict | None = None) -> str:
+    """Log `metrics` into MLflow run `run_id` (None: a new run of experiment lapstudy-eval, with `params`)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    client = MlflowClient(tracking_uri)
+    if run_id is None:
+        experiment = client.get_experiment_by_name(EXPERIMENT)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)
+        run_id = client.create_run(experiment_id).info.run_id
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in (params or {}).items()])
+        finish = True
+    else:
+        try:
+            client.get_run(run_id)
+        except Exception as error:
+            raise UserError(f"--run-id: no run {run_id} at {tracking_uri} ({type(error).__name__})") from None
+        finish = False
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+    if finish:
+        client.set_terminated(run_id)
+    return run_id
