@@ -51,6 +51,10 @@ class AttentionCache:
         self.length = t1
         return self.k[..., :t1, :], self.v[..., :t1, :]
 
+    def mix(self, mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for the new positions x (B, N, D): the attention with this cache."""
+        return mixer(x, cache=self)
+
 
 class MixedHeadAttention(nn.Module):
     def __init__(

@@ -34,8 +34,8 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
-        """x (B, N, D) -> (B, N, D). ``cache``: the mixer's decoding state (its ``new_cache()``), for incremental
-        decoding; x then holds only the new positions."""
-        mixed = self.mixer(self.norm1(x)) if cache is None else self.mixer(self.norm1(x), cache=cache)
+        """x (B, N, D) -> (B, N, D). ``cache``: the layer's decoding state (``GPT.new_cache``), which runs the mixer
+        on the new positions (its ``mix``); x then holds only those."""
+        mixed = self.mixer(self.norm1(x)) if cache is None else cache.mix(self.mixer, self.norm1(x))
         x = x + self.drop_path1(self.ls1(mixed))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -77,6 +77,24 @@ class DecodingCache:
         self.length = 0
 
 
+class StepwiseState:
+    """Decoding state of a mixer that decodes one position at a time through ``init_state(batch_size, device=,
+    dtype=)`` and ``decode_step(x_t, state) -> (y_t, state)`` (the causal STLT): made on the first tokens it sees."""
+
+    def __init__(self):
+        self.state = None
+
+    def mix(self, mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x (B, N, D), the new positions -> the mixer's outputs (B, N, D), one decode_step per position."""
+        if self.state is None:
+            self.state = mixer.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        outputs = []
+        for t in range(x.shape[1]):
+            y, self.state = mixer.decode_step(x[:, t], self.state)
+            outputs.append(y)
+        return torch.stack(outputs, dim=1)
+
+
 class GPT(MixerModel):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -146,15 +164,19 @@ class GPT(MixerModel):
         return ModelOutput(logits, tokens, tokens) if return_features else logits
 
     def new_cache(self, capacity: int = 0) -> DecodingCache:
-        """An empty decoding cache; ``capacity`` (positions) pre-sizes it. A mixer takes part in incremental decoding
-        by offering ``new_cache(capacity)`` and accepting ``forward(x, cache=state)``; attention does."""
+        """An empty decoding cache; ``capacity`` (positions) pre-sizes attention's. A mixer takes part in incremental
+        decoding with ``new_cache(capacity)``, a state whose ``mix(mixer, x)`` runs it on new positions (attention),
+        or with ``init_state`` and ``decode_step`` (the causal STLT: ``StepwiseState``)."""
         states = []
         for layer, (kind, block) in enumerate(zip(self.mixer_kinds, self.blocks)):
-            if not hasattr(block.mixer, "new_cache"):
+            if hasattr(block.mixer, "new_cache"):
+                states.append(block.mixer.new_cache(capacity))
+            elif hasattr(block.mixer, "init_state") and hasattr(block.mixer, "decode_step"):
+                states.append(StepwiseState())
+            else:
                 raise NotImplementedError(
                     f"incremental decoding needs a decoding state in every layer, but layer {layer}'s mixer "
-                    f"({kind!r}) has none; use forward() on the whole sequence instead")
-            states.append(block.mixer.new_cache(capacity))
+                    f"({kind!r}, {type(block.mixer).__name__}) has none; use forward() on the whole sequence instead")
         return DecodingCache(states)
 
     @torch.no_grad()
