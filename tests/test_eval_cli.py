@@ -72,9 +72,9 @@ BAD = [
 @pytest.mark.parametrize("extra,expect", BAD, ids=[" ".join(b[0])[:40] for b in BAD])
 def test_bad_input_is_one_line_and_loads_no_model(run_config, extra, expect, capfd, monkeypatch):
     config, _ = run_config
-    import study.evals.load
+    import study.evals.cli
 
-    monkeypatch.setattr(study.evals.load, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(study.evals.cli, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     code, out, err = _main(["eval", config, "--include-path", FIXTURES, *extra], capfd)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

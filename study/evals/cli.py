@@ -10,6 +10,8 @@ import time
 
 from study.errors import UserError
 from study.evals.evaluate import HUMANEVAL, evaluate_model, harness_task_manager
+from study.evals.humaneval import find_problem_file, load_problems
+from study.evals.load import load_model
 from study.evals.sandbox import CodeExecutionNotAllowed
 
 EXPERIMENT = "lapstudy-eval"
@@ -53,11 +55,7 @@ def run_eval(args) -> int:
     if harness_tasks:  # fails fast (offline, unknown) before the model is loaded
         harness_task_manager(harness_tasks, args.include_path)
     if HUMANEVAL in tasks:
-        from study.evals.humaneval import find_problem_file, load_problems
-
         load_problems(find_problem_file(args.include_path))
-    from study.evals.load import load_model
-
     model, tokenizer, spec = load_model(args.run, args.checkpoint, device=args.device)
     print(f"evaluating {args.run} ({tokenizer.name} tokens, context {model.config.context_length}) on "
           f"{', '.join(tasks)}", flush=True)

@@ -14,7 +14,10 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from study.data.hub import hub_reachable
 from study.errors import UserError
+from study.evals.harness import LapstudyLM
+from study.evals.humaneval import evaluate_humaneval, find_problem_file, load_problems
 from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
 
 HUMANEVAL = "humaneval"
@@ -42,8 +45,6 @@ def harness_task_manager(names: Iterable[str], include_path: Iterable[Path] = ()
             f"tests/fixtures/evals/ has examples; docs/evals.md)")
     if not include_defaults:
         raise UserError(f"--tasks {','.join(rest)}: not defined in --include-path ({', '.join(paths) or 'none'}); {hint}")
-    from study.data.hub import hub_reachable
-
     reachable, why = hub_reachable()
     if not reachable:
         raise UserError(f"--tasks {','.join(rest)}: lm_eval's task{'s read' if len(rest) > 1 else ' reads'} its data "
@@ -65,8 +66,6 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
 
     `limit`: the first N examples of each task. `num_samples`, `temperature`: HumanEval's samples per problem
     (pass@k for k in 1, 10 up to num_samples). `include_defaults=False` keeps to the tasks of `include_path`."""
-    from study.evals.harness import LapstudyLM
-
     tasks = list(dict.fromkeys(tasks))
     if HUMANEVAL in tasks and allow_code_execution is not True:
         raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
@@ -75,8 +74,6 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
     manager = harness_task_manager(harness_tasks, include_path, include_defaults) if harness_tasks else None
     problems = None
     if HUMANEVAL in tasks:
-        from study.evals.humaneval import find_problem_file, load_problems
-
         problems = load_problems(find_problem_file(include_path))[:limit]
     lm = LapstudyLM(model, tokenizer, batch_size=batch_size, seed=seed)
     metrics: dict[str, float] = {}
@@ -97,8 +94,6 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
                 metric, filter_name = key.split(",", 1)
                 metrics[metric_name(task, metric, filter_name)] = float(value)
     if problems is not None:
-        from study.evals.humaneval import evaluate_humaneval
-
         values, _ = evaluate_humaneval(lm, problems, allow_code_execution=True, num_samples=num_samples,
                                        temperature=temperature, max_gen_toks=max_gen_toks, limits=limits, log=log)
         metrics.update({metric_name(HUMANEVAL, k): v for k, v in values.items()})

@@ -30,6 +30,9 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from models.gpt import sample_next_token
+from study.evals.load import load_model
+
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
@@ -76,8 +79,6 @@ class LapstudyLM(TemplateLM):
                  generation_chunk: int = 32, seed: int = 0, **_ignored):
         super().__init__()
         if model is None:
-            from study.evals.load import load_model
-
             if config is None and checkpoint is None:
                 raise ValueError("lapstudy model: give `model` and `tokenizer`, or `config` (and `checkpoint`)")
             model, tokenizer, _ = load_model(config, checkpoint)
@@ -228,8 +229,6 @@ class LapstudyLM(TemplateLM):
         try:
             return self.model.generate(window, steps, temperature=temperature, top_k=top_k, generator=self.generator)
         except NotImplementedError:  # a mixer without a decoding state: a forward over the whole window per token
-            from models.gpt import sample_next_token
-
             for _ in range(steps):
                 logits = self.model(window[:, -self.max_length:])[:, -1].float()
                 window = torch.cat([window, sample_next_token(logits, temperature, top_k, self.generator)], dim=1)

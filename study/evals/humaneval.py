@@ -14,6 +14,7 @@ import gzip
 import json
 from pathlib import Path
 
+from study.data.hub import hub_reachable
 from study.errors import UserError
 from study.evals.sandbox import CodeExecutionNotAllowed, Limits, mean_pass_at_k, run_programs
 
@@ -33,8 +34,6 @@ def find_problem_file(include_paths: list[Path]) -> Path | None:
 def load_problems(path: Path | None) -> list[dict]:
     """The problems of a HumanEval-format file (None: the hub's copy, which needs the internet)."""
     if path is None:
-        from study.data.hub import hub_reachable
-
         reachable, why = hub_reachable()
         if not reachable:
             raise UserError(f"--tasks humaneval: the problems come from the hub ({HUB_DATASET}), which cannot be "

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import torch
 
+import models
+from study.data.text import Tokenizer, resolve_tokenizer
 from study.errors import UserError
+from study.train import load_run_spec
 
 CHECKPOINT_FILE = "state.pt"  # study/state.py's (not imported: that module imports Ray)
 
@@ -40,10 +43,6 @@ def resolve_run(path: Path, checkpoint: Path | None = None) -> tuple[Path, Path]
 
 def load_model(config: str | Path, checkpoint: str | Path | None = None, device: str | torch.device = "cpu"):
     """(GPT in eval mode with the checkpoint's weights, its Tokenizer, the RunSpec) of a run."""
-    import models
-    from study.data.text import Tokenizer, resolve_tokenizer
-    from study.train import load_run_spec
-
     config_path, state_path = resolve_run(Path(config), Path(checkpoint) if checkpoint else None)
     spec = load_run_spec(config_path)
     if spec.task != "language_modeling":
