@@ -93,10 +93,15 @@ def rank_correlation(x: list[float], y: list[float], seed: int = 0) -> RankCorre
     if n < 3:
         return RankCorrelation(math.nan, math.nan, math.nan, n)
     a, b = (np.array(column, dtype=np.float64) for column in zip(*pairs))
+    if np.ptp(a) == 0 or np.ptp(b) == 0:  # a quantity that did not vary: no ranking to correlate
+        return RankCorrelation(math.nan, math.nan, math.nan, n)
     rho = float(stats.spearmanr(a, b).statistic)
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
-        return RankCorrelation(rho, math.nan, math.nan, n)
-    interval = stats.bootstrap((a, b), lambda u, v: stats.spearmanr(u, v).statistic, paired=True,
-                               vectorized=False, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CONFIDENCE,
-                               method="percentile", rng=np.random.default_rng(seed)).confidence_interval
-    return RankCorrelation(rho, float(interval.low), float(interval.high), n)
+    # The percentile bootstrap written out rather than scipy.stats.bootstrap: with a few trials, or tied values (a
+    # grid's k, replicates), some resamples hold one value of a quantity, whose rho is undefined; scipy's interval is
+    # then NaN, while the interval over the resamples that do rank is the one to report.
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
+    ranked = [(a[i], b[i]) for i in draws if np.ptp(a[i]) > 0 and np.ptp(b[i]) > 0]
+    rhos = [stats.spearmanr(u, v).statistic for u, v in ranked]
+    low, high = np.percentile(rhos, [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)])
+    return RankCorrelation(rho, float(low), float(high), n)
