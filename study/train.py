@@ -71,7 +71,9 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
     status, error = trial_status("TERMINATED", metrics, spec.total_epochs)
     close_run(tracking_uri, experiment_id, run_id=run_id, trial_id=name, status=status, error=error,
               checkpoint=metrics.get("checkpoint_path"))
-    keys = ("train_loss", *task_class(spec.task).quality_metrics)
+    keys = tuple(f"{prefix}{metric}" for prefix, task in [("", spec.task), *((f"{stage.name}/", stage.task)
+                                                                           for stage in spec.stages)]
+                 for metric in ("train_loss", *task_class(task).quality_metrics))
     print(comparison(metrics, spec.provenance.get("final_metrics") or {}, keys), flush=True)
     print(f"MLflow run {run_id} in experiment {EXPERIMENT!r}; checkpoints in {storage / name}", flush=True)
     ray.shutdown()
