@@ -107,6 +107,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     task.setup(eval_batches)
     with closing(logger) if logger is not None else nullcontext():  # closing stops its system-metrics monitor
+        if task.evaluate_before_training and state.epoch == 0:  # MLflow only: Tune's rows are epochs trained
+            at_start = task.evaluate(eval_batches(), autocast=worker.autocast(spec.train.precision), geometry=False)
+            if logger is not None:
+                logger.log_epoch(stage.epoch_offset, stage.named(at_start.metrics))
         for epoch in range(state.epoch + 1, spec.epochs + 1):
             seed_everything(spec.seed, epoch, worker.rank)
             batches = task_data.train_batches(train_shard, batch_size=plan.batch_per_worker, epoch=epoch,

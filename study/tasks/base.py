@@ -94,6 +94,9 @@ class Task(ABC):
     # backbone's image size: images of another size are read through resized position embeddings).
     data_sets: ClassVar[frozenset[str]] = frozenset()
     carried_sets: ClassVar[frozenset[str]] = frozenset()
+    # Also evaluate the untrained model, logged to MLflow at the stage's first step (a self-supervised task's k-NN
+    # at initialisation is the baseline its training must beat).
+    evaluate_before_training: ClassVar[bool] = False
 
     @classmethod
     def epoch_metrics(cls) -> tuple[str, ...]:

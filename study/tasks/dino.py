@@ -126,6 +126,7 @@ class DINO(Task):
                               "nc1")
     report_geometry = ("between_class_frac", "nc1", "within_seq_var")
     options = DINOOptions
+    evaluate_before_training = True
 
     @classmethod
     def build_model(cls, model_config, hyperparameters, carried):
