@@ -106,21 +106,22 @@ def nanochat_lr_multiplier(step: int, total_steps: int, warmup_ratio: float = 0.
     return progress * 1.0 + (1 - progress) * final_lr_frac
 
 
-def nanochat_muon_momentum(step: int) -> float:
-    """Muon's momentum at optimiser step ``step``: base_train's ``get_muon_momentum``, 0.85 -> 0.95 linearly over
-    the first 300 steps, then 0.95."""
-    frac = min(step / 300, 1)
+def nanochat_muon_momentum(step: int, warmup: int = 300) -> float:
+    """Muon's momentum at optimiser step ``step``: base_train's (and mid_train's) ``get_muon_momentum``,
+    0.85 -> 0.95 linearly over the first ``warmup`` (300) steps, then 0.95. ``warmup=0``: 0.95 throughout
+    (chat_sft.py keeps Muon's momentum at 0.95)."""
+    frac = min(step / warmup, 1) if warmup > 0 else 1
     return (1 - frac) * 0.85 + frac * 0.95
 
 
-def set_nanochat_schedule(optimizers, step: int, total_steps: int, **schedule) -> float:
+def set_nanochat_schedule(optimizers, step: int, total_steps: int, momentum_warmup: int = 300, **schedule) -> float:
     """What base_train does before each step: every group's lr = initial_lr * the multiplier, and every Muon group's
-    momentum per ``nanochat_muon_momentum``. ``schedule``: ``nanochat_lr_multiplier``'s ratios. Returns the
-    multiplier."""
+    momentum per ``nanochat_muon_momentum(step, momentum_warmup)``. ``schedule``: ``nanochat_lr_multiplier``'s
+    ratios. Returns the multiplier."""
     multiplier = nanochat_lr_multiplier(step, total_steps, **schedule)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"] * multiplier
             if isinstance(optimizer, torch.optim.Muon):
-                group["momentum"] = nanochat_muon_momentum(step)
+                group["momentum"] = nanochat_muon_momentum(step, momentum_warmup)
     return multiplier

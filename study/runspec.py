@@ -25,9 +25,11 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    optimizer: Literal["adamw", "lamb", "sgd"] = Field(
+    optimizer: Literal["adamw", "lamb", "sgd", "nanochat"] = Field(
         "adamw", description="AdamW; LAMB (pytorch_optimizer) as in DeiT III; SGD with momentum beta1 (Nesterov off) "
-                             "as DINO's linear probe trains")
+                             "as DINO's linear probe trains; nanochat: Muon for the GPT blocks' matrices and AdamW "
+                             "for embedding and head at matrix_lr, embedding_lr, unembedding_lr, with nanochat's "
+                             "warm-down schedule (docs/nanochat.md; lr, beta1, beta2, eps are then not used)")
     lr: float = Field(1e-3, gt=0, description="peak learning rate for the global batch")
     weight_decay: float = Field(0.05, ge=0, description="decoupled weight decay on matrices (not norms, biases, embeddings)")
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -41,6 +43,15 @@ class TrainConfig(BaseModel):
         None, ge=1, description="optimiser steps per epoch (required for streamed data of unknown length)"
     )
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
+    matrix_lr: float = Field(0.02, gt=0, description="nanochat: Muon's learning rate of the blocks' 2-D matrices")
+    embedding_lr: float = Field(0.2, gt=0, description="nanochat: AdamW's learning rate of the token embedding, "
+                                                       "times (dim / 768) ** -0.5")
+    unembedding_lr: float = Field(0.004, gt=0, description="nanochat: AdamW's learning rate of the head (and of "
+                                                           "parameters nanochat has not), times (dim / 768) ** -0.5")
+    warmdown_ratio: float = Field(0.2, ge=0, le=1, description="nanochat: share of the steps over which the lr falls "
+                                                               "linearly to min_lr_ratio (base_train 0.2, chat_sft 1.0)")
+    muon_momentum_warmup: int = Field(300, ge=0, description="nanochat: steps of Muon's momentum ramp 0.85 -> 0.95 "
+                                                             "(0: 0.95 throughout, as chat_sft)")
     loss: Literal["ce", "bce"] = Field(
         "ce", description="classification: cross-entropy, or binary cross-entropy on the (mixed) targets > 0 as "
                           "DeiT III trains ImageNet-1k (facebookresearch/deit engine.py, main.py --bce-loss)")
@@ -243,6 +254,10 @@ def _check_run_config(hyperparameters: dict, task: str, where: str) -> dict:
         models.build_config(flat)
     except models.ConfigError as exc:
         raise UserError(f"{where}.{exc.field}: {str(exc).removeprefix(exc.field + ': ')}", field=exc.field) from None
+    if hyperparameters.get("optimizer") == "nanochat" and family != "gpt":
+        raise UserError(f"{where}.optimizer: nanochat splits a GPT's parameters (Muon for the blocks, AdamW for "
+                        f"embedding and head); task {task} trains {family!r}: use adamw, lamb or sgd",
+                        field="optimizer")
     if resolved["model"] != family:
         raise UserError(
             f"{where}.model: task {task} trains model {family!r}, got {resolved['model']!r}",
