@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ray
 
 from study.data.images import (
@@ -125,7 +127,10 @@ def text_task(
     docs_per_batch: int | None = TEXT_MAP_BATCH,
     params: dict | None = None,
 ) -> TaskData:
-    """Tokenise and pack documents into (seq_len + 1)-token windows inside Ray Data map_batches tasks."""
+    """Tokenise and pack documents into (seq_len + 1)-token windows inside Ray Data map_batches tasks. With
+    `chat_tokens` the vocabulary holds nanochat's chat special tokens too (a model pre-trained on it keeps its
+    vocabulary in later chat stages)."""
+    tokenizer = dataclasses.replace(tokenizer, chat=tokenizer.chat or cfg.chat_tokens)
     kwargs = {"tokenizer": tokenizer, "seq_len": cfg.seq_len, "text_column": text_column}
     train, val = (
         docs.map_batches(tokenize_and_pack, fn_kwargs=kwargs, batch_size=docs_per_batch, batch_format="numpy")
@@ -140,6 +145,7 @@ def text_task(
         num_train=num_train,
         num_val=num_val,
         batch_steps=TokenTargets(tokenizer.token_bytes()),
-        params={**(params or {}), "tokenizer": tokenizer.name, "num_train": num_train, "num_val": num_val},
+        params={**(params or {}), "tokenizer": tokenizer.name, "chat_tokens": tokenizer.chat, "num_train": num_train,
+                "num_val": num_val},
         shuffle_buffer=cfg.shuffle_buffer,
     )

@@ -104,6 +104,8 @@ class _TextSource(_Source):
         None, description="GPT-2 BPE file: a .tiktoken ranks file, or a folder with vocab.bpe and encoder.json"
     )
     shuffle_buffer: int = Field(1024, ge=1, description="sequences in each worker's seeded local shuffle buffer")
+    chat_tokens: bool = Field(False, description="the vocabulary also holds nanochat's chat special tokens (ids after "
+                                                 "end-of-text): pre-training for later chat stages")
 
 
 class DigitsConfig(_ImageSource):
@@ -276,7 +278,63 @@ class ShapesSegmentationConfig(_SegmentationSource):
         return self
 
 
+# Conversation sets (study/data/chat_sources.py): nanochat's mid-training and SFT data, or local JSONL.
+CHAT_HUB_PARTS = {  # name: (hub id, hub configuration, default training split)
+    "smoltalk": ("HuggingFaceTB/smol-smoltalk", None, "train"),
+    "mmlu_auxiliary_train": ("cais/mmlu", "auxiliary_train", "train"),
+    "mmlu": ("cais/mmlu", "all", "test"),
+    "gsm8k": ("openai/gsm8k", "main", "train"),
+    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "train"),
+    "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "train"),
+}
+
+
+class ChatPart(BaseModel):
+    """One set of conversations in a chat mixture: a hub dataset nanochat trains on (tasks/*.py), or local JSONL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["smoltalk", "mmlu_auxiliary_train", "mmlu", "gsm8k", "arc_easy", "arc_challenge", "jsonl"]
+    split: str | None = Field(None, description="hub split (None: the part's training split)")
+    path: str | None = Field(None, description="jsonl: a file of conversations, one per line: a list of "
+                                               "{role, content} messages (nanochat's CustomJSON) or {messages: [...]}")
+    local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
+    revision: str | None = None
+    stop: int | None = Field(None, ge=1, description="only the first rows (chat_sft: SmolTalk stop=10_000)")
+    repeat: int = Field(1, ge=1, description="times the part enters the mixture (nanochat lists a part twice)")
+
+    @model_validator(mode="after")
+    def _check_path(self):
+        if (self.name == "jsonl") != (self.path is not None):
+            raise ValueError("path is for name: jsonl, which needs it" if self.path is None or self.name == "jsonl"
+                             else f"path is for name: jsonl, not {self.name}")
+        return self
+
+    @property
+    def hub(self) -> tuple[str, str | None, str] | None:
+        return CHAT_HUB_PARTS.get(self.name)
+
+
+class ChatConfig(_TextSource):
+    """Conversations rendered with nanochat's chat template and special tokens (its render_conversation), mixed from
+    parts and shuffled with split_seed (nanochat's TaskMixture). loss_on: assistant: one conversation per row,
+    padded, targets only on the assistant's tokens (chat_sft); all: conversations packed into windows, every token a
+    target (mid_train)."""
+
+    source: Literal["chat"]
+    train: list[ChatPart] = Field(min_length=1, description="the training mixture")
+    val: list[ChatPart] = Field(min_length=1, description="the validation mixture")
+    loss_on: Literal["assistant", "all"] = Field("assistant", description="assistant: SFT's mask; all: mid-training")
+    chat_tokens: Literal[True] = True
+
+    def relative_to(self, base: Path):
+        def part(p: ChatPart) -> ChatPart:
+            return p.model_copy(update={name: os.path.join(base, os.path.expanduser(value))
+                                        for name in ("path", "local_dir") if (value := getattr(p, name))})
+        return self.model_copy(update={"train": [part(p) for p in self.train], "val": [part(p) for p in self.val]})
+
+
 SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageConfig, ImageFolderConfig,
-                  FineWebEduConfig, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig)
+                  FineWebEduConfig, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig, ChatConfig)
 DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]
 OFFLINE_SOURCES = "parquet (local shards), image_folder, text_files, digits, pydoc_text, shapes_segmentation"

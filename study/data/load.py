@@ -6,6 +6,7 @@ import os
 
 import ray
 
+from study.data.chat_sources import check_chat, load_chat
 from study.data.config import PATH_FIELDS, SOURCE_CONFIGS, DatasetConfig
 from study.data.hub import local_copy, require_hub
 from study.data.image_sources import HUB_PRESETS, load_hub_images, load_image_folder, load_parquet_images
@@ -28,6 +29,7 @@ LOADERS = {
     "text_files": load_text_files,
     "ade20k": load_ade20k,
     "shapes_segmentation": load_shapes_segmentation,
+    "chat": load_chat,
 }
 
 
@@ -46,6 +48,8 @@ def check_dataset(task: str, config: DatasetConfig) -> DatasetConfig:
     if config.kind != kind:
         raise UserError(f"dataset.source: {config.source} gives {config.kind}, but task {task} reads {kind}; "
                         f"sources of {kind}: {', '.join(_sources_of(kind))}")
+    if config.source == "chat":
+        check_chat(config)
     for field_name in PATH_FIELDS:
         value = getattr(config, field_name, None)
         if value and not any(c in value for c in "*?[") and not os.path.exists(os.path.expanduser(value)):

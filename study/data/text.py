@@ -23,6 +23,12 @@ from study.errors import UserError
 
 BYTE_VOCAB = 257
 BYTE_EOT = 256
+# nanochat's special tokens (nanochat/tokenizer.py SPECIAL_TOKENS). <|bos|> is the tokenizer's end-of-text token, as
+# nanochat does with tiktoken's GPT-2 (from_pretrained: "<|endoftext|>" is its bos); a tokenizer with `chat` gives
+# the others the ids after it, in this order (study/data/chat.py renders conversations with them).
+CHAT_SPECIAL_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
+                       "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
+IGNORE_INDEX = -1  # a target that is not trained on (nanochat's -1: chat_sft masks all but the assistant's tokens)
 GPT2_EOT_TEXT = "<|endoftext|>"
 GPT2_VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
 GPT2_ENCODER_JSON_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json"
@@ -47,6 +53,7 @@ class Tokenizer:
     kind: str
     mergeable_ranks: dict[bytes, int] | None = field(default=None, repr=False, compare=False)
     fingerprint: str = ""  # identifies the merge table (the per-process encoder cache key)
+    chat: bool = False  # reserve ids for nanochat's chat special tokens after end-of-text (`special_id`)
 
     @property
     def name(self) -> str:
@@ -58,7 +65,15 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self.eot + 1
+        return self.eot + (len(CHAT_SPECIAL_TOKENS) if self.chat else 1)
+
+    def special_id(self, name: str) -> int:
+        """The id of one of nanochat's special tokens (a tokenizer with `chat`; <|bos|> is end-of-text)."""
+        if name == CHAT_SPECIAL_TOKENS[0]:
+            return self.eot
+        if not self.chat or name not in CHAT_SPECIAL_TOKENS:
+            raise KeyError(f"{name!r} is not a special token of this tokenizer (chat tokens: {self.chat})")
+        return self.eot + CHAT_SPECIAL_TOKENS.index(name)
 
     @property
     def _encoding(self):
@@ -92,6 +107,8 @@ class Tokenizer:
                 [len(enc.decode_single_token_bytes(i)) for i in range(self.eot)] + [0], dtype=np.int16
             )
         table[self.eot] = 0
+        if self.chat:  # the special tokens stand for no text
+            table = np.concatenate([table, np.zeros(len(CHAT_SPECIAL_TOKENS) - 1, dtype=np.int16)])
         return table
 
 
@@ -180,7 +197,8 @@ def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
 
 class TokenTargets:
     """Worker-side steps on packed (seq_len + 1)-token windows: inputs, next-token targets and the UTF-8 bytes each
-    target stands for (what val_bpb divides by). The same for training and validation."""
+    target stands for (what val_bpb divides by). The same for training and validation. Windows with a `loss_mask`
+    (chat data) have IGNORE_INDEX targets, standing for 0 bytes, where the mask of the target token is 0."""
 
     def __init__(self, token_bytes: np.ndarray):
         self.token_bytes = token_bytes
@@ -199,7 +217,11 @@ class TokenTargets:
         targets = tokens[:, 1:]
         if self._table is None or self._table.device != targets.device:
             self._table = torch.from_numpy(self.token_bytes.astype(np.int64)).to(targets.device)
-        return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": self._table[targets]}
+        target_bytes = self._table[targets]
+        if "loss_mask" in batch:  # chat: only the masked-in tokens are targets (nanochat's render_conversation mask)
+            keep = batch["loss_mask"][:, 1:].bool()
+            targets, target_bytes = targets.masked_fill(~keep, IGNORE_INDEX), target_bytes.masked_fill(~keep, 0)
+        return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": target_bytes}
 
 
 def tokenize_and_pack(batch: dict, tokenizer: Tokenizer, seq_len: int, text_column: str) -> dict:

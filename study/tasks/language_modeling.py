@@ -12,14 +12,19 @@ from models.geometry import GeometryAccumulator, most_frequent_targets
 from study.tasks.base import GeometryPictures, Task
 
 
+IGNORE_INDEX = -1  # a target not trained on nor evaluated (chat data outside the assistant's replies, as nanochat)
+
+
 def language_model_sums(logits: torch.Tensor, targets: torch.Tensor, target_bytes: torch.Tensor) -> torch.Tensor:
     """[loss summed over all targets, number of targets, loss summed over targets that carry bytes, their bytes].
     val_bpb divides the third by ln 2 times the fourth: end-of-text and other zero-byte targets count in val_loss
-    but not in bits per byte, so that val_bpb compares across tokenizers."""
-    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").double()
-    carries_bytes = target_bytes.flatten() > 0
-    return torch.stack([losses.sum(), losses.new_tensor(losses.numel()), losses[carries_bytes].sum(),
-                        target_bytes.sum().double()]).cpu()
+    but not in bits per byte, so that val_bpb compares across tokenizers. IGNORE_INDEX targets count in neither."""
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none",
+                             ignore_index=IGNORE_INDEX).double()
+    counted = targets.flatten() != IGNORE_INDEX
+    carries_bytes = (target_bytes.flatten() > 0) & counted
+    return torch.stack([losses.sum(), counted.sum().double(), losses[carries_bytes].sum(),
+                        target_bytes.flatten()[carries_bytes].sum().double()]).cpu()
 
 
 class LanguageModeling(Task):
@@ -41,17 +46,19 @@ class LanguageModeling(Task):
         vocab = self.model.config.vocab_size
         counts = torch.zeros(vocab, dtype=torch.float64)
         for batch in eval_batches("val"):
-            counts += torch.bincount(batch["targets"].flatten(), minlength=vocab).double().cpu()
+            targets = batch["targets"].flatten()
+            counts += torch.bincount(targets[targets != IGNORE_INDEX], minlength=vocab).double().cpu()
         counts = self.worker.all_reduce(counts)
         ids = torch.repeat_interleave(torch.arange(vocab), counts.long())
         self.top_targets = most_frequent_targets(ids, self.geometry.top_targets).to(self.worker.device)
 
     def loss(self, model, batch):
         logits = model(batch["input_ids"])
-        return F.cross_entropy(logits.float().flatten(0, 1), batch["targets"].flatten())
+        """Mean next-token cross-entropy over the targets that are not IGNORE_INDEX (chat_sft's loss)."""
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["targets"].flatten(), ignore_index=IGNORE_INDEX)
 
     def count(self, batch):
-        return {"samples": len(batch["input_ids"]), "tokens": batch["targets"].numel()}
+        return {"samples": len(batch["input_ids"]), "tokens": batch["input_ids"].numel()}
 
     def eval_sums(self, logits, batch):
         return language_model_sums(logits, batch["targets"], batch["target_bytes"])

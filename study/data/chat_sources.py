@@ -1,0 +1,80 @@
+"""The `chat` source: nanochat's mid-training and SFT mixtures (SmolTalk, MMLU, GSM8K, ARC from the hub or a local
+copy of it) and local JSONL conversations, rendered with nanochat's chat template inside Ray Data
+(study/data/chat.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import ray
+
+from study.data.build import TEXT_MAP_BATCH
+from study.data.chat import render_batch, to_messages
+from study.data.config import ChatConfig, ChatPart
+from study.data.hub import MIRROR_ENV, hub_reachable, local_copy, resolve_parquet_files
+from study.data.task_data import TaskData
+from study.data.text import TokenTargets, resolve_tokenizer
+from study.errors import UserError
+
+
+def _parts(cfg: ChatConfig):
+    return [(f"dataset.{side}[{i}]", part) for side in ("train", "val") for i, part in enumerate(getattr(cfg, side))]
+
+
+def check_chat(cfg: ChatConfig) -> None:
+    """Before Ray: every JSONL file exists, and every hub part has a local copy or a reachable hub (a one-line error
+    naming the offline alternative otherwise)."""
+    for where, part in _parts(cfg):
+        if part.hub is None:
+            if not os.path.isfile(os.path.expanduser(part.path)):
+                raise UserError(f"{where}.path: {part.path} does not exist (a .jsonl file of conversations)")
+            continue
+        if local_copy(part.hub[0], part.local_dir) is None:
+            reachable, why = hub_reachable()
+            if not reachable:
+                raise UserError(
+                    f"{where}: {part.name} streams {part.hub[0]} from the Hugging Face hub, which is not reachable "
+                    f"({why}); offline, use a part {{name: jsonl, path: conversations.jsonl}} (local conversations, "
+                    f"tests/fixtures/chat/ has examples of each set), or set its local_dir (or ${MIRROR_ENV}) to a "
+                    "local copy of the hub repository")
+
+
+def _rows(part: ChatPart, where: str):
+    """One part's conversations as {"messages": JSON text}, its first `stop` rows, `repeat` times."""
+    if part.hub is None:
+        rows = ray.data.read_text(os.path.expanduser(part.path))
+    else:
+        hub_id, config_name, default_split = part.hub
+        hub = resolve_parquet_files(hub_id, config_name=config_name, revision=part.revision,
+                                    local_dir=part.local_dir, source="chat", what=f"{hub_id} ({config_name})")
+        files = hub.files(part.split or default_split, f"{where[len('dataset.'):]}.split")
+        rows = ray.data.read_parquet(files, filesystem=hub.filesystem)
+    if part.stop:
+        rows = rows.limit(part.stop)
+    rows = rows.map_batches(to_messages, fn_kwargs={"part": part.name}, batch_format="pyarrow")
+    return functools.reduce(lambda a, b: a.union(b), [rows] * part.repeat) if part.repeat > 1 else rows
+
+
+def load_chat(cfg: ChatConfig, seed: int) -> TaskData:
+    """The training mixture in one fixed shuffle (split_seed; nanochat's TaskMixture shuffles once with seed 42),
+    the validation mixture in order; both rendered to windows with a loss mask."""
+    check_chat(cfg)
+    tokenizer = dataclasses.replace(resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file), chat=True)
+    train = [_rows(part, f"dataset.train[{i}]") for i, part in enumerate(cfg.train)]
+    val = [_rows(part, f"dataset.val[{i}]") for i, part in enumerate(cfg.val)]
+    train = functools.reduce(lambda a, b: a.union(b), train).random_shuffle(seed=cfg.split_seed)
+    val = functools.reduce(lambda a, b: a.union(b), val)
+    kwargs = {"tokenizer": tokenizer, "seq_len": cfg.seq_len, "loss_on": cfg.loss_on}
+    train, val = (rows.map_batches(render_batch, fn_kwargs=kwargs, batch_size=TEXT_MAP_BATCH, batch_format="numpy")
+                  for rows in (train, val))
+    return TaskData(
+        datasets={"train": train, "val": val},
+        model_overrides={"vocab_size": tokenizer.vocab_size, "context_length": cfg.seq_len},
+        num_train=None, num_val=None,
+        batch_steps=TokenTargets(tokenizer.token_bytes()),
+        params={"source": "chat", "tokenizer": tokenizer.name, "chat_tokens": True, "loss_on": cfg.loss_on,
+                "train_parts": ",".join(p.name for p in cfg.train), "val_parts": ",".join(p.name for p in cfg.val)},
+        shuffle_buffer=cfg.shuffle_buffer,
+    )

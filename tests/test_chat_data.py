@@ -1,0 +1,170 @@
+"""Chat data for mid-training and SFT (study/data/chat.py, chat_sources.py) against nanochat at commit e1770a3:
+render_conversation's tokens and mask written out by hand, the SFT loss counted over the assistant's tokens only,
+the conversation sets as nanochat's tasks build them, and hub parts failing fast offline. The fixtures in
+tests/fixtures/chat/ are local copies of the hub repositories' layouts (tests/fixtures/chat/make_fixtures.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from study.data import check_dataset
+from study.data.chat import conversation_of, render_batch, render_conversation, to_messages
+from study.data.text import Tokenizer, TokenTargets
+from study.errors import UserError
+from study.tasks import GeometrySpec, task_class
+from study.worker import Worker
+
+FIXTURES = Path(__file__).parent / "fixtures" / "chat"
+BYTES = Tokenizer("byte", chat=True)
+# nanochat's special tokens after the byte tokenizer's 256 bytes; <|bos|> is its end-of-text, 256
+BOS, USER, USER_END, ASSISTANT, ASSISTANT_END, PY, PY_END, OUT, OUT_END = range(256, 265)
+
+
+def b(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def test_chat_tokens_extend_the_vocabulary_after_end_of_text():
+    assert BYTES.vocab_size == 265 and Tokenizer("byte").vocab_size == 257
+    assert BYTES.special_id("<|output_end|>") == OUT_END and BYTES.special_id("<|bos|>") == BOS
+    assert BYTES.token_bytes()[256:].tolist() == [0] * 9 and BYTES.token_bytes()[:256].tolist() == [1] * 256
+
+
+def test_render_conversation_tokens_and_mask_by_hand():
+    """A system message merged into the first user turn, an assistant turn with a python call and its output (GSM8K's
+    form), a second exchange: nanochat's tokens, and 1 exactly on what the assistant writes and its end token."""
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "python", "text": "1+1"},
+                                          {"type": "python_output", "text": "2"}, {"type": "text", "text": "b"}]},
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "content": "yes"},
+    ]
+    expected = [
+        (BOS, 0), (USER, 0), *[(t, 0) for t in b("S\n\nQ")], (USER_END, 0),
+        (ASSISTANT, 0), (ord("a"), 1), (PY, 1), *[(t, 1) for t in b("1+1")], (PY_END, 1),
+        (OUT, 0), (ord("2"), 0), (OUT_END, 0), (ord("b"), 1), (ASSISTANT_END, 1),
+        (USER, 0), *[(t, 0) for t in b("ok")], (USER_END, 0),
+        (ASSISTANT, 0), *[(t, 1) for t in b("yes")], (ASSISTANT_END, 1),
+    ]
+    ids, mask = render_conversation(messages, BYTES)
+    assert ids.tolist() == [t for t, _ in expected] and mask.tolist() == [m for _, m in expected]
+    ids, mask = render_conversation(messages, BYTES, max_tokens=5)
+    assert ids.tolist() == [t for t, _ in expected[:5]]
+    with pytest.raises(ValueError, match="message 1 is from user, expected assistant"):
+        render_conversation([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], BYTES)
+
+
+def _sft_batch(seq_len: int = 12) -> tuple[dict, list[tuple[np.ndarray, np.ndarray]]]:
+    conversations = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                     [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+                      {"role": "user", "content": "and 3+3?"}, {"role": "assistant", "content": "6"}]]
+    rows = render_batch({"messages": [json.dumps(c) for c in conversations]}, BYTES, seq_len, "assistant")
+    return rows, [render_conversation(c, BYTES) for c in conversations]
+
+
+def test_sft_rows_are_padded_with_assistant_end_and_targets_ignored_off_the_assistant():
+    rows, rendered = _sft_batch()
+    ids, mask = rendered[0]  # 1 + (1 + 2 + 1) + (1 + 2 + 1) = 9 tokens: fits, padded to 13
+    assert rows["tokens"][0].tolist() == ids.tolist() + [ASSISTANT_END] * 4
+    assert rows["loss_mask"][0].tolist() == mask.tolist() + [0] * 4
+    batch = TokenTargets(BYTES.token_bytes()).evaluate({k: torch.from_numpy(v) for k, v in rows.items()})
+    # targets of row 0: the next token where that token is the assistant's ("y", "o", <|assistant_end|>), else -1
+    assert batch["targets"][0].tolist() == [-1] * 5 + [ord("y"), ord("o"), ASSISTANT_END] + [-1] * 4
+    assert batch["target_bytes"][0].tolist() == [0] * 5 + [1, 1, 0] + [0] * 4
+    assert rows["tokens"][1].tolist() == rendered[1][0][:13].tolist()  # cut at seq_len + 1
+
+
+def test_masked_loss_counts_only_assistant_tokens():
+    """The language-modelling task's loss and evaluation sums on an SFT batch, against -log p summed by hand over
+    the positions whose next token is the assistant's (nanochat's chat_sft loss: the mean over those)."""
+    rows, _ = _sft_batch()
+    batch = TokenTargets(BYTES.token_bytes()).evaluate({k: torch.from_numpy(v) for k, v in rows.items()})
+    logits = torch.randn(2, 12, BYTES.vocab_size, generator=torch.Generator().manual_seed(0))
+    terms = []
+    for r in range(2):
+        for t in range(12):
+            if rows["loss_mask"][r, t + 1]:
+                terms.append(-torch.log_softmax(logits[r, t], -1)[int(rows["tokens"][r, t + 1])].item())
+    task = task_class("language_modeling")(torch.nn.Module(), Worker(0, 1, torch.device("cpu")), seed=0,
+                                           geometry=GeometrySpec(), hyperparameters={})
+    loss = task.loss(lambda ids: logits, batch)
+    assert len(terms) == int(rows["loss_mask"][:, 1:].sum()) and loss.item() == pytest.approx(sum(terms) / len(terms))
+    sums = dict(zip(task.sum_names, task.eval_sums(logits, batch).tolist()))
+    assert sums["targets"] == len(terms) and sums["loss"] == pytest.approx(sum(terms))
+    assert task.eval_metrics(sums)["val_loss"] == pytest.approx(sum(terms) / len(terms))
+    assert math.isfinite(task.eval_metrics(sums)["val_bpb"])
+
+
+def test_midtraining_packs_conversations_and_trains_on_every_token():
+    conversations = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+                     for i in range(4)]
+    rows = render_batch({"messages": [json.dumps(c) for c in conversations]}, BYTES, 8, "all")
+    stream = np.concatenate([render_conversation(c, BYTES)[0] for c in conversations])  # 10 tokens each
+    assert rows["tokens"].shape == (4, 9) and rows["loss_mask"].all()
+    assert rows["tokens"].tolist() == [stream[8 * i: 8 * i + 9].tolist() for i in range(4)]
+
+
+def _first(path: str) -> dict:
+    return pq.read_table(FIXTURES / path).to_pylist()[0]
+
+
+def test_conversation_sets_are_nanochats_tasks():
+    """Rows in the hub's columns become the messages nanochat's tasks/*.py make of them."""
+    row = _first("cais/mmlu/auxiliary_train/train-00000-of-00001.parquet")["train"]
+    messages = conversation_of("mmlu_auxiliary_train", {"train": row})
+    letters = "ABCD"
+    assert messages[0]["content"] == (f"Multiple Choice question: {row['question']}\n"
+                                      + "".join(f"- {c}={letters[i]}\n" for i, c in enumerate(row["choices"]))
+                                      + "\nRespond only with the letter of the correct answer.")
+    assert messages[1] == {"role": "assistant", "content": letters[row["answer"]]}
+    arc = _first("allenai/ai2_arc/ARC-Easy/train-00000-of-00001.parquet")
+    assert conversation_of("arc_easy", arc)[1]["content"] == arc["answerKey"]
+    assert f"- {arc['choices']['text'][0]}={arc['choices']['label'][0]}\n" in conversation_of("arc_easy", arc)[0][
+        "content"]
+    gsm = conversation_of("gsm8k", {"question": "Q", "answer": "So 2*3 = <<2*3=6>>6.\n#### 6"})
+    assert gsm[1]["content"] == [{"type": "text", "text": "So 2*3 = "}, {"type": "python", "text": "2*3"},
+                                 {"type": "python_output", "text": "6"}, {"type": "text", "text": "6.\n#### 6"}]
+    smol = _first("HuggingFaceTB/smol-smoltalk/data/train-00000-of-00001.parquet")
+    assert conversation_of("smoltalk", smol) == smol["messages"]
+    line = (FIXTURES / "conversations.jsonl").read_text().splitlines()[0]
+    assert conversation_of("jsonl", line) == json.loads(line)
+    import pyarrow as pa
+    out = to_messages(pa.table({"text": [line]}), "jsonl")
+    assert json.loads(out["messages"][0]) == json.loads(line)
+
+
+def test_hub_parts_fail_fast_offline_naming_the_offline_alternative(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("LAPSTUDY_DATA_DIR", raising=False)
+    config = {"source": "chat", "tokenizer": "byte", "train": [{"name": "jsonl", "path": str(FIXTURES /
+                                                                                             "conversations.jsonl")},
+                                                             {"name": "gsm8k"}],
+              "val": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}]}
+    started = time.perf_counter()
+    with pytest.raises(UserError) as error:
+        check_dataset("language_modeling", config)
+    message = str(error.value)
+    assert time.perf_counter() - started < 3 and "\n" not in message
+    assert message.startswith("dataset.train[1]: gsm8k streams openai/gsm8k") and "{name: jsonl" in message
+    # a local copy is read instead of the hub, offline too
+    config["train"][1]["local_dir"] = str(FIXTURES / "openai" / "gsm8k")
+    check_dataset("language_modeling", config)
+
+
+def test_chat_part_fields_are_checked():
+    with pytest.raises(UserError, match=r"dataset\.train\.0.*path is for name: jsonl"):
+        check_dataset("language_modeling", {"source": "chat", "train": [{"name": "smoltalk", "path": "x.jsonl"}],
+                                            "val": [{"name": "smoltalk"}]})
+    with pytest.raises(UserError, match=r"dataset\.train\[0\]\.path: .*nope\.jsonl does not exist"):
+        check_dataset("language_modeling", {"source": "chat", "train": [{"name": "jsonl", "path": "/nope.jsonl"}],
+                                            "val": [{"name": "jsonl", "path": "/nope.jsonl"}]})
