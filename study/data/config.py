@@ -24,6 +24,7 @@ TokenizerName = Literal["gpt2", "byte", "auto"]
 # What a source gives; a task names the kind it reads (`Task.data_kind`).
 IMAGES, TEXT = "images", "text"
 SEGMENTATION = "segmentation"  # images with a per-pixel class mask each
+TRANSLATION = "translation"  # sentence pairs (source, target)
 
 
 class _Source(BaseModel):
@@ -278,6 +279,52 @@ class ShapesSegmentationConfig(_SegmentationSource):
         return self
 
 
+class _TranslationSource(_Source):
+    """Sentence pairs with one shared byte-level BPE vocabulary trained on the training split's two sides
+    (study/data/translation.py); batches carry src, tgt_in, tgt_out."""
+
+    kind: ClassVar[str] = TRANSLATION
+    vocab_size: int = Field(8000, ge=300, description="entries of the shared BPE vocabulary (specials and the 256 "
+                                                      "byte symbols included)")
+    tokenizer_file: str | None = Field(None, description="a `tokenizers` JSON file to use instead of training the BPE "
+                                                         "(ids 0-3 must be <pad> <s> </s> <unk>)")
+    max_tokens: int = Field(256, ge=4, description="training pairs with a side longer than this (EOS included) are "
+                                                   "left out (fairseq's max-positions filter); validation pairs never")
+    shuffle_buffer: int = Field(4096, ge=1, description="pairs in each worker's seeded local shuffle buffer")
+
+
+class ToyTranslationConfig(_TranslationSource):
+    """A generated language pair (offline): SVO source with number-marked nouns, SOV target whose verb agrees with a
+    subject several phrases away (study/data/translation.py `ToyLanguage`); the lexicon and the pairs follow
+    split_seed."""
+
+    source: Literal["toy_translation"]
+    vocab_size: int = Field(640, ge=300, description="about one token per word of the toy pair")
+    max_tokens: int = Field(128, ge=4)
+    num_train: int = Field(4000, ge=1)
+    num_val: int = Field(200, ge=1, description="validation pairs (sources also in the training pairs are redrawn)")
+    max_modifiers: int = Field(4, ge=0, description="prepositional phrases between subject and verb, at most")
+    max_adjectives: int = Field(2, ge=0, description="adjectives per noun phrase, at most")
+
+
+class WMT14Config(_TranslationSource):
+    """WMT14 (wmt/wmt14 on the hub, one config per language pair) from its parquet files, or a local copy of the
+    repository; `translation` holds {source_lang: ..., target_lang: ...} per row."""
+
+    source: Literal["wmt14"]
+    hub_id: str = "wmt/wmt14"
+    config_name: str = Field("de-en", description="the hub configuration (language pair)")
+    revision: str | None = None
+    local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
+    source_lang: str = "en"
+    target_lang: str = "de"
+    vocab_size: int = Field(37000, ge=300, description="Transformer-base's shared English-German BPE: 37 000")
+    val_split: str = Field("validation", description="validation (newstest2013, chosen on) or test (newstest2014, "
+                                                     "the paper's table)")
+    tokenizer_pairs: int = Field(1_000_000, ge=1, description="training pairs the BPE is learnt on (the first ones)")
+    max_train_pairs: int | None = Field(None, ge=1, description="cap on training pairs (None: all 4.5M)")
+
+
 # Conversation sets (study/data/chat_sources.py): nanochat's mid-training and SFT data, or local JSONL.
 CHAT_HUB_PARTS = {  # name: (hub id, hub configuration, default training split)
     "smoltalk": ("HuggingFaceTB/smol-smoltalk", None, "train"),
@@ -335,6 +382,8 @@ class ChatConfig(_TextSource):
 
 
 SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageConfig, ImageFolderConfig,
-                  FineWebEduConfig, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig, ChatConfig)
+                  FineWebEduConfig, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig, ToyTranslationConfig,
+                  WMT14Config, ChatConfig)
 DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]
-OFFLINE_SOURCES = "parquet (local shards), image_folder, text_files, digits, pydoc_text, shapes_segmentation"
+OFFLINE_SOURCES = ("parquet (local shards), image_folder, text_files, digits, pydoc_text, shapes_segmentation, "
+                   "toy_translation")

@@ -11,9 +11,10 @@ from study.tasks.dino import DINO
 from study.tasks.language_modeling import LanguageModeling
 from study.tasks.linear_probe import LinearProbe
 from study.tasks.segmentation_probe import SegmentationProbe
+from study.tasks.translation import Translation
 
 TASKS: dict[str, type[Task]] = {task.name: task for task in (Classification, LanguageModeling, DINO, LinearProbe,
-                                                               SegmentationProbe)}
+                                                               SegmentationProbe, Translation)}
 
 
 def task_class(name: str) -> type[Task]:
