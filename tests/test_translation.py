@@ -175,8 +175,9 @@ def test_wmt14_reads_a_local_copy_in_the_direction_asked(tmp_path):
     for split, n in (("train", 5), ("validation", 3)):
         rows = [{"de": f"Satz {i} über Köln", "en": f"sentence {i} about Cologne"} for i in range(n)]
         pq.write_table(pa.table({"translation": rows}), root / "de-en" / f"{split}-00000-of-00001.parquet")
-    (root / "README.md").write_text("---\nconfigs:\n- config_name: de-en\n  data_files:\n  - split: train\n"
-                                    "    path: de-en/train-*\n  - split: validation\n    path: de-en/validation-*\n---\n")
+    (root / "README.md").write_text("---\nconfigs:\n- config_name: de-en\n  data_files:\n"
+                                    "  - split: train\n    path: de-en/train-*\n"
+                                    "  - split: validation\n    path: de-en/validation-*\n---\n")
     cfg = WMT14Config(source="wmt14", local_dir=str(root))
     hub = resolve_parquet_files(cfg.hub_id, config_name=cfg.config_name, revision=None, local_dir=cfg.local_dir,
                                 source="wmt14", what="wmt14")
