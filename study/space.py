@@ -574,4 +574,7 @@ def load_space(path: Path, base: Path | None = None) -> SearchSpace:
     """The space in the YAML file at `path`; relative dataset paths are read from `base` (default: the file's folder,
     so a space works from wherever lapstudy runs)."""
     space = parse_space(load_yaml(path, "search space"), f"search space {path}")
-    return space.model_copy(update={"dataset": space.dataset.relative_to(base or Path(path).parent)})
+    base = base or Path(path).parent
+    stages = [stage.model_copy(update={"dataset": stage.dataset.relative_to(base)}) if stage.dataset else stage
+              for stage in space.stages]
+    return space.model_copy(update={"dataset": space.dataset.relative_to(base), "stages": stages})

@@ -28,7 +28,9 @@ def load_run_spec(path: Path) -> RunSpec:
     if not isinstance(data, dict):
         raise UserError(f"run config {path}: must be a mapping (task, dataset, epochs, seed, hyperparameters, ...)")
     spec = validate(RunSpec, data, prefix=f"run config {path}: ")
-    return spec.model_copy(update={"dataset": spec.dataset.relative_to(path.parent)})
+    stages = [stage.model_copy(update={"dataset": stage.dataset.relative_to(path.parent)}) if stage.dataset else stage
+              for stage in spec.stages]
+    return spec.model_copy(update={"dataset": spec.dataset.relative_to(path.parent), "stages": stages})
 
 
 def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: str | None,

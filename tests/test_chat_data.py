@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from study.data import check_dataset
-from study.data.chat import conversation_of, render_batch, render_conversation, to_messages
+from study.data.chat import PartFiles, conversation_of, read_parts, render_batch, render_conversation
 from study.data.text import Tokenizer, TokenTargets
 from study.errors import UserError
 from study.tasks import GeometrySpec, task_class
@@ -138,9 +138,12 @@ def test_conversation_sets_are_nanochats_tasks():
     assert conversation_of("smoltalk", smol) == smol["messages"]
     line = (FIXTURES / "conversations.jsonl").read_text().splitlines()[0]
     assert conversation_of("jsonl", line) == json.loads(line)
-    import pyarrow as pa
-    out = to_messages(pa.table({"text": [line]}), "jsonl")
-    assert json.loads(out["messages"][0]) == json.loads(line)
+    parts = [PartFiles("jsonl", (str(FIXTURES / "conversations.jsonl"),), stop=5),
+             PartFiles("arc_easy", (str(FIXTURES / "allenai/ai2_arc/ARC-Easy/train-00000-of-00001.parquet"),))]
+    read = list(read_parts({"part": np.array([0, 1, 0])}, parts, rows_per_batch=4))
+    messages = [json.loads(m) for chunk in read for m in chunk["messages"]]
+    assert [len(chunk["messages"]) for chunk in read] == [4, 1, 4, 4, 4, 4, 4, 1]  # stop 5; 16 ARC rows; stop 5
+    assert messages[0] == json.loads(line) and messages[5] == conversation_of("arc_easy", arc)
 
 
 def test_hub_parts_fail_fast_offline_naming_the_offline_alternative(monkeypatch):
@@ -168,3 +171,27 @@ def test_chat_part_fields_are_checked():
     with pytest.raises(UserError, match=r"dataset\.train\[0\]\.path: .*nope\.jsonl does not exist"):
         check_dataset("language_modeling", {"source": "chat", "train": [{"name": "jsonl", "path": "/nope.jsonl"}],
                                             "val": [{"name": "jsonl", "path": "/nope.jsonl"}]})
+
+
+def test_the_stage_spaces_load_and_the_laptop_copy_finds_its_fixtures_offline(monkeypatch):
+    """Relative paths of a stage's dataset are read from the space's folder (as the first stage's are), so the laptop
+    space's chat parts find tests/fixtures/chat offline from anywhere; the d20 space trains every stage with
+    nanochat's optimiser, SFT at chat_sft's learning rates (0.02 of base_train's) and schedule."""
+    from study.space import load_space
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("LAPSTUDY_DATA_DIR", raising=False)
+    spaces = Path(__file__).resolve().parents[1] / "search_spaces"
+    laptop = load_space(spaces / "gpt_d20_stages_laptop.yaml")
+    for stage in laptop.stages:
+        for part in stage.dataset.train + stage.dataset.val:
+            assert Path(part.local_dir or part.path).is_absolute() and Path(part.local_dir or part.path).exists()
+        check_dataset(stage.task, stage.dataset)
+    d20 = load_space(spaces / "gpt_d20_stages.yaml")
+    assert d20.fixed["optimizer"] == "nanochat" and d20.dataset.chat_tokens
+    assert [stage.name for stage in d20.stages] == ["midtrain", "sft"]
+    assert [stage.dataset.loss_on for stage in d20.stages] == ["all", "assistant"]
+    sft = d20.stages[1].hyperparameters
+    assert (sft["matrix_lr"], sft["embedding_lr"], sft["unembedding_lr"]) == pytest.approx((0.02 * 0.02, 0.2 * 0.02,
+                                                                                            0.004 * 0.02))
+    assert sft["warmdown_ratio"] == 1.0 and sft["muon_momentum_warmup"] == 0

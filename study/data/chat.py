@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -118,10 +119,48 @@ def render_conversation(messages: list[dict], tokenizer: Tokenizer,
     return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.int8)
 
 
-def to_messages(table, part: str) -> dict:
-    """Ray Data map_batches (pyarrow batches): rows of a part -> {"messages": JSON text of each conversation}."""
-    rows = table.column("text").to_pylist() if part == "jsonl" else table.to_pylist()
+def to_messages(rows: list, part: str) -> dict:
+    """Rows of a part (JSON lines for jsonl, row dicts otherwise) -> {"messages": JSON text of each conversation}."""
     return {"messages": np.array([json.dumps(conversation_of(part, row)) for row in rows], dtype=object)}
+
+
+@dataclass(frozen=True)
+class PartFiles:
+    """What a Ray Data task needs to read one part: its files (parquet, or one .jsonl), how to open them, how many
+    rows (the first `stop`)."""
+
+    name: str
+    files: tuple[str, ...]
+    filesystem: object | None = None  # pyarrow filesystem of hub files; None: local paths
+    stop: int | None = None
+
+
+def read_parts(batch: dict, parts: list[PartFiles], rows_per_batch: int = 1024):
+    """Ray Data map_batches over {"part": index} rows (one per part and repeat): yields each part's conversations,
+    in file order, `rows_per_batch` at a time. One operator reads every part (a read operator per part, each with
+    its own share of the CPUs Ray Data may use, starves the ones after it on a small node)."""
+    import pyarrow.parquet as pq
+
+    for index in batch["part"]:
+        part, left = parts[int(index)], parts[int(index)].stop
+        for path in part.files:
+            if part.name == "jsonl":
+                with open(path) as f:
+                    lines = [line for line in f if line.strip()]
+                chunks = (lines[i:i + rows_per_batch] for i in range(0, len(lines), rows_per_batch))
+            else:
+                source = part.filesystem.open_input_file(path) if part.filesystem is not None else path
+                chunks = (b.to_pylist() for b in pq.ParquetFile(source).iter_batches(batch_size=rows_per_batch))
+            for rows in chunks:
+                rows = rows if left is None else rows[:left]
+                if rows:
+                    yield to_messages(rows, part.name)
+                if left is not None:
+                    left -= len(rows)
+                    if left <= 0:
+                        break
+            if left is not None and left <= 0:
+                break
 
 
 def render_batch(batch: dict, tokenizer: Tokenizer, seq_len: int, loss_on: str) -> dict:

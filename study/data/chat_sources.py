@@ -5,13 +5,12 @@ copy of it) and local JSONL conversations, rendered with nanochat's chat templat
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import ray
 
 from study.data.build import TEXT_MAP_BATCH
-from study.data.chat import render_batch, to_messages
+from study.data.chat import PartFiles, read_parts, render_batch
 from study.data.config import ChatConfig, ChatPart
 from study.data.hub import MIRROR_ENV, hub_reachable, local_copy, resolve_parquet_files
 from study.data.task_data import TaskData
@@ -41,20 +40,23 @@ def check_chat(cfg: ChatConfig) -> None:
                     "local copy of the hub repository")
 
 
-def _rows(part: ChatPart, where: str):
-    """One part's conversations as {"messages": JSON text}, its first `stop` rows, `repeat` times."""
+def _part_files(part: ChatPart, where: str) -> PartFiles:
+    """Where one part's rows are: its .jsonl file, or its split's parquet files in the hub or a local copy."""
     if part.hub is None:
-        rows = ray.data.read_text(os.path.expanduser(part.path))
-    else:
-        hub_id, config_name, default_split = part.hub
-        hub = resolve_parquet_files(hub_id, config_name=config_name, revision=part.revision,
-                                    local_dir=part.local_dir, source="chat", what=f"{hub_id} ({config_name})")
-        files = hub.files(part.split or default_split, f"{where[len('dataset.'):]}.split")
-        rows = ray.data.read_parquet(files, filesystem=hub.filesystem)
-    if part.stop:
-        rows = rows.limit(part.stop)
-    rows = rows.map_batches(to_messages, fn_kwargs={"part": part.name}, batch_format="pyarrow")
-    return functools.reduce(lambda a, b: a.union(b), [rows] * part.repeat) if part.repeat > 1 else rows
+        return PartFiles(part.name, (os.path.expanduser(part.path),), stop=part.stop)
+    hub_id, config_name, default_split = part.hub
+    hub = resolve_parquet_files(hub_id, config_name=config_name, revision=part.revision, local_dir=part.local_dir,
+                                source="chat", what=f"{hub_id} ({config_name or 'default'})")
+    files = hub.files(part.split or default_split, f"{where.removeprefix('dataset.')}.split")
+    return PartFiles(part.name, tuple(files), hub.filesystem, part.stop)
+
+
+def _mixture(parts: list[ChatPart], side: str):
+    """The conversations of every part (each `repeat` times) as one Ray dataset of {"messages": JSON text}."""
+    files = [_part_files(part, f"dataset.{side}[{i}]") for i, part in enumerate(parts)]
+    rows = [{"part": i} for i, part in enumerate(parts) for _ in range(part.repeat)]
+    return ray.data.from_items(rows).map_batches(read_parts, fn_kwargs={"parts": files}, batch_size=1,
+                                                 batch_format="numpy")
 
 
 def load_chat(cfg: ChatConfig, seed: int) -> TaskData:
@@ -62,10 +64,8 @@ def load_chat(cfg: ChatConfig, seed: int) -> TaskData:
     the validation mixture in order; both rendered to windows with a loss mask."""
     check_chat(cfg)
     tokenizer = dataclasses.replace(resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file), chat=True)
-    train = [_rows(part, f"dataset.train[{i}]") for i, part in enumerate(cfg.train)]
-    val = [_rows(part, f"dataset.val[{i}]") for i, part in enumerate(cfg.val)]
-    train = functools.reduce(lambda a, b: a.union(b), train).random_shuffle(seed=cfg.split_seed)
-    val = functools.reduce(lambda a, b: a.union(b), val)
+    train = _mixture(cfg.train, "train").random_shuffle(seed=cfg.split_seed)
+    val = _mixture(cfg.val, "val")
     kwargs = {"tokenizer": tokenizer, "seq_len": cfg.seq_len, "loss_on": cfg.loss_on}
     train, val = (rows.map_batches(render_batch, fn_kwargs=kwargs, batch_size=TEXT_MAP_BATCH, batch_format="numpy")
                   for rows in (train, val))

@@ -1,0 +1,69 @@
+"""search_spaces/gpt_d20_stages_laptop.yaml, made smaller, through the `lapstudy` command line on a local Ray cluster:
+a tiny nanochat GPT pre-trained on the shipped text (with the chat tokens in its vocabulary), mid-trained on the
+chat fixtures' mixture (every token a target) and fine-tuned on their SFT mixture (the assistant's tokens only), all
+offline, each stage from the model the one before ended with, every stage's metrics in the trial's one MLflow run
+under its name."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
+SHIPPED = yaml.safe_load((SPACES / "gpt_d20_stages_laptop.yaml").read_text())
+PRETRAIN, MIDTRAIN, SFT = 1, 1, 1
+
+
+def _absolute(dataset: dict) -> dict:
+    """The shipped space's fixture paths (relative to search_spaces/) made absolute for a space written elsewhere."""
+    def part(p: dict) -> dict:
+        return {k: str((SPACES / v).resolve()) if k in ("path", "local_dir") else v for k, v in p.items()}
+    return {**dataset, "train": [part(p) for p in dataset["train"]], "val": [part(p) for p in dataset["val"]]}
+
+
+midtrain, sft = SHIPPED["stages"]
+SPACE = {**SHIPPED, "name": "chat", "epochs": PRETRAIN, "parameters": {"max_count": [2]},
+         "geometry": {"max_batches": 1, "top_targets": 8, "pca_points": 50},
+         "fixed": {**SHIPPED["fixed"], "steps_per_epoch": 4, "batch_size": 8},
+         "stages": [{**midtrain, "epochs": MIDTRAIN, "dataset": _absolute(midtrain["dataset"]),
+                     "hyperparameters": {"steps_per_epoch": 3}},
+                    {**sft, "epochs": SFT, "dataset": _absolute(sft["dataset"]),
+                     "hyperparameters": {**sft["hyperparameters"], "steps_per_epoch": 3}}]}
+
+
+@pytest.fixture(scope="module")
+def chat_study(tmp_path_factory, ray_address):
+    root = tmp_path_factory.mktemp("chat")
+    write_yaml(root / "chat.yaml", SPACE)
+    run = lapstudy("run", "chat.yaml", "--storage", "studies", "--address", ray_address, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    study_dir = root / "studies" / "chat"
+    uri = f"sqlite:///{study_dir / 'mlflow.db'}"
+    [(trial, rows)] = tune_trials(study_dir).items()
+    [run] = [r for r in mlflow_runs(uri, "chat") if r.data.tags["lapstudy.trial_id"] == trial]
+    return {"uri": uri, "rows": rows, "run": run}
+
+
+def test_three_stages_log_their_metrics_under_their_names(chat_study):
+    def history(key):
+        return metric_history(chat_study["uri"], chat_study["run"].info.run_id, key)
+
+    final = chat_study["rows"][-1]
+    assert final["epoch"] == PRETRAIN + MIDTRAIN + SFT and final["stage"] == "sft"
+    assert [step for step, _ in history("val_bpb")] == [PRETRAIN]
+    assert [step for step, _ in history("midtrain/val_loss")] == [PRETRAIN + MIDTRAIN]
+    assert [step for step, _ in history("sft/val_loss")] == [PRETRAIN + MIDTRAIN + SFT]
+    assert all(math.isfinite(value) for key in ("sft/val_loss", "sft/val_bpb", "sft/train_loss", "midtrain/val_bpb")
+               for _, value in history(key))
+    # every stage's nanochat schedule ends at final_lr_frac 0 (the lr logged is the one after the epoch's last step)
+    assert [value for key in ("lr", "midtrain/lr", "sft/lr") for _, value in history(key)] == [0.0, 0.0, 0.0]
+    params = chat_study["run"].data.params
+    assert params["optimizer"] == "nanochat" and params["vocab_size"] == "265"
+    assert chat_study["run"].data.tags["lapstudy.status"] == "completed"
