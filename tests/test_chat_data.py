@@ -168,6 +168,10 @@ def test_chat_part_fields_are_checked():
     with pytest.raises(UserError, match=r"dataset\.train\.0.*path is for name: jsonl"):
         check_dataset("language_modeling", {"source": "chat", "train": [{"name": "smoltalk", "path": "x.jsonl"}],
                                             "val": [{"name": "smoltalk"}]})
+    with pytest.raises(UserError, match=r"dataset\.val\[0\]\.local_dir: /nope is not a folder \(a local copy of "
+                                        r"openai/gsm8k\)"):
+        check_dataset("language_modeling", {"source": "chat", "train": [{"name": "jsonl", "path": str(
+            FIXTURES / "conversations.jsonl")}], "val": [{"name": "gsm8k", "local_dir": "/nope"}]})
     with pytest.raises(UserError, match=r"dataset\.train\[0\]\.path: .*nope\.jsonl does not exist"):
         check_dataset("language_modeling", {"source": "chat", "train": [{"name": "jsonl", "path": "/nope.jsonl"}],
                                             "val": [{"name": "jsonl", "path": "/nope.jsonl"}]})

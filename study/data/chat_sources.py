@@ -30,6 +30,8 @@ def check_chat(cfg: ChatConfig) -> None:
             if not os.path.isfile(os.path.expanduser(part.path)):
                 raise UserError(f"{where}.path: {part.path} does not exist (a .jsonl file of conversations)")
             continue
+        if part.local_dir and not os.path.isdir(os.path.expanduser(part.local_dir)):
+            raise UserError(f"{where}.local_dir: {part.local_dir} is not a folder (a local copy of {part.hub[0]})")
         if local_copy(part.hub[0], part.local_dir) is None:
             reachable, why = hub_reachable()
             if not reachable:
