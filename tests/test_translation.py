@@ -195,12 +195,13 @@ SPACE = {**SHIPPED, "name": "translation", "epochs": EPOCHS, "num_samples": 1, "
          "sampler": "grid", "conditional": [], "points_to_evaluate": [],
          "dataset": {"source": "toy_translation", "num_train": 2000, "num_val": 60},
          "geometry": {"every": 3, "max_batches": 1, "pca_points": 100},
-         "fixed": {**SHIPPED["fixed"], "lr": 5.0e-3, "batch_size": 32},
-         "parameters": {"mixer": ["attention"]}}
+         "fixed": {**SHIPPED["fixed"], **SHIPPED["conditional"][0]["fixed"], "lr": 5.0e-3, "batch_size": 32,
+                   "stlt_nodes": 16, "stlt_reg_start_step": 60},
+         "parameters": {"mixer": ["stlt"]}}  # adaptive STLT, bilateral in the encoder and causal in the decoder
 
 
 @pytest.mark.slow
-def test_a_toy_translation_study_learns_and_logs_bleu_per_bucket(tmp_path, ray_address):
+def test_a_toy_translation_study_of_stlt_learns_past_word_by_word_and_logs_bleu_per_bucket(tmp_path, ray_address):
     write_yaml(tmp_path / "translation.yaml", SPACE)
     run = lapstudy("run", "translation.yaml", "--storage", "studies", "--address", ray_address, cwd=tmp_path,
                    timeout=300)
@@ -211,8 +212,13 @@ def test_a_toy_translation_study_learns_and_logs_bleu_per_bucket(tmp_path, ray_a
     [mlflow_run] = [r for r in mlflow_runs(uri, "translation") if r.data.tags["lapstudy.trial_id"] == trial]
     bleu = [value for _, value in metric_history(uri, mlflow_run.info.run_id, "val_bleu")]
     loss = [value for _, value in metric_history(uri, mlflow_run.info.run_id, "val_loss")]
-    # measured on a busy 2-CPU machine: BLEU 0 after the first epoch, 24 after the third
+    # measured: BLEU 1.2, 62.9, 90.2 and loss 2.50, 0.92, 0.45 over the epochs (4 s of training, 0.4 s of evaluation
+    # each); the context-free baseline, the toy pair translated word by word, scores about 7
+    language = ToyLanguage.make(0)
+    sources, targets = language.pairs(200, 1)
+    baseline = sacrebleu.corpus_bleu([language.word_by_word(s) for s in sources], [targets]).score
     assert len(bleu) == EPOCHS and bleu[-1] > bleu[0] and loss[-1] < loss[0], (bleu, loss)
+    assert bleu[-1] > baseline, (bleu, baseline)
     assert metric_history(uri, mlflow_run.info.run_id, "val_bleu_le20")
     assert metric_history(uri, mlflow_run.info.run_id, "geom_between_token_frac")
     assert rows[-1]["decode_tokens_per_s"] > 0 and rows[-1]["epoch"] == EPOCHS
