@@ -114,11 +114,15 @@ def test_study_finishes_with_one_mlflow_run_per_trial(vit_study):
         assert math.isclose(float(params["lr"]), rows[0]["config"]["lr"]) and params["preset"] == "vit_tiny_digits"
         epochs_reported = [row["epoch"] for row in rows]
         assert epochs_reported == list(range(1, len(rows) + 1))
+        stopped = run.data.tags["lapstudy.status"] == "early_stopped"
         for key in ("epoch", "train_loss", "val_loss", "val_acc", "lr", "samples_per_s"):
             history = metric_history(vit_study["uri"], run.info.run_id, key)
-            # every epoch exactly once, with the numbers Ray recorded
-            assert [step for step, _ in history] == epochs_reported, key
-            assert [v for _, v in history] == [float(row[key]) for row in rows], key
+            # Every epoch exactly once, with the numbers Ray recorded. A trial ASHA stopped may also hold the one
+            # epoch its worker finished while the stop was on its way, which Tune never took (docs/study.md).
+            steps = [step for step, _ in history]
+            in_flight = steps[len(rows):]
+            assert steps[:len(rows)] == epochs_reported and in_flight in ([], [len(rows) + 1] if stopped else []), key
+            assert [v for _, v in history][:len(rows)] == [float(row[key]) for row in rows], key
         artifacts = {a.path for a in _artifacts(vit_study["uri"], run.info.run_id)}
         assert "config.yaml" in artifacts
         config = yaml.safe_load(_read_artifact(vit_study["uri"], run.info.run_id, "config.yaml"))
