@@ -55,6 +55,20 @@ def write_yaml(path: Path, data: dict) -> Path:
     return path
 
 
+def one_trial_study(root: Path, space: dict, ray_address: str, timeout: float = 900) -> dict:
+    """`lapstudy run` of a one-trial `space` from `root` (relative paths, as a user types them): its MLflow store's
+    URI, the trial's rows in Ray's records and its MLflow run."""
+    name = space["name"]
+    write_yaml(root / f"{name}.yaml", space)
+    run = lapstudy("run", f"{name}.yaml", "--storage", "studies", "--address", ray_address, cwd=root, timeout=timeout)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    study_dir = root / "studies" / name
+    uri = f"sqlite:///{study_dir / 'mlflow.db'}"
+    [(trial, rows)] = tune_trials(study_dir).items()
+    [mlflow_run] = [r for r in mlflow_runs(uri, name) if r.data.tags["lapstudy.trial_id"] == trial]
+    return {"uri": uri, "rows": rows, "run": mlflow_run}
+
+
 def tune_trials(study_dir: Path) -> dict[str, list[dict]]:
     """Every result each trial reported, from the JSON lines Ray Tune writes into the trial folders."""
     trials = {}

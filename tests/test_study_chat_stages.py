@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
+from study_fixtures import metric_history, one_trial_study, ray_address  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +40,7 @@ SPACE = {**SHIPPED, "name": "chat", "epochs": PRETRAIN, "parameters": {"max_coun
 
 @pytest.fixture(scope="module")
 def chat_study(tmp_path_factory, ray_address):
-    root = tmp_path_factory.mktemp("chat")
-    write_yaml(root / "chat.yaml", SPACE)
-    run = lapstudy("run", "chat.yaml", "--storage", "studies", "--address", ray_address, cwd=root, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    study_dir = root / "studies" / "chat"
-    uri = f"sqlite:///{study_dir / 'mlflow.db'}"
-    [(trial, rows)] = tune_trials(study_dir).items()
-    [run] = [r for r in mlflow_runs(uri, "chat") if r.data.tags["lapstudy.trial_id"] == trial]
-    return {"uri": uri, "rows": rows, "run": run}
+    return one_trial_study(tmp_path_factory.mktemp("chat"), SPACE, ray_address, timeout=600)
 
 
 def test_three_stages_log_their_metrics_under_their_names(chat_study):

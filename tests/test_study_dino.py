@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
+from study_fixtures import metric_history, one_trial_study, ray_address  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -27,15 +27,7 @@ SPACE = {**SHIPPED, "name": "dino", "epochs": DINO, "dataset": {**SHIPPED["datas
 
 @pytest.fixture(scope="module")
 def dino_study(tmp_path_factory, ray_address):
-    root = tmp_path_factory.mktemp("dino")
-    write_yaml(root / "dino.yaml", SPACE)
-    run = lapstudy("run", "dino.yaml", "--storage", "studies", "--address", ray_address, cwd=root, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    study_dir = root / "studies" / "dino"
-    uri = f"sqlite:///{study_dir / 'mlflow.db'}"
-    [(trial, rows)] = tune_trials(study_dir).items()
-    [run] = [r for r in mlflow_runs(uri, "dino") if r.data.tags["lapstudy.trial_id"] == trial]
-    return {"uri": uri, "rows": rows, "run": run}
+    return one_trial_study(tmp_path_factory.mktemp("dino"), SPACE, ray_address, timeout=900)
 
 
 def history(study, key):

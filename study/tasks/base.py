@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
@@ -209,10 +209,20 @@ class Task(ABC):
                     for accumulator, tokens in zip(layers, outputs):
                         self.accumulate(accumulator, tokens, model.pool(tokens), batch)
         totals = self.worker.all_reduce(sums)
-        metrics = self.eval_metrics(dict(zip(self.sum_names, totals.tolist())))
-        if not geometry:
+        return self.finish_evaluation(self.eval_metrics(dict(zip(self.sum_names, totals.tolist()))), last, layers)
+
+    def finish_evaluation(self, metrics: dict[str, float], last: GeometryAccumulator | None,
+                          layers: list[GeometryAccumulator], patches=None) -> Evaluation:
+        """An evaluation pass's `metrics` with, where it gathered geometry (`last` is not None), the last layer's
+        and every layer's geometry and the pictures; `patches` (a PatchGeometry) adds the patch spectrum and the
+        PCA picture of patch features."""
+        if last is None:
             return Evaluation(metrics)
         values, pictures = self.finish_geometry(last)
+        if patches is not None:
+            spectrum, rgb, images = patches.finish()
+            values.update(spectrum)
+            pictures = replace(pictures, patch_rgb=rgb, images=images)
         metrics.update({f"geom_{name}": values[name] for name in self.geometry_metrics})
         for layer, accumulator in enumerate(layers):
             values = accumulator.all_reduce_().compute()

@@ -17,7 +17,6 @@ the `dino_*` keys below. The crops (how many local ones, their scales and size) 
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import numpy as np
 import torch
@@ -30,7 +29,7 @@ from models.base import ModelOutput
 from models.dino import DINOHead, DINOLoss, MultiCropForward, cancel_last_layer_gradients, cosine_schedule, ema_update_
 from models.geometry import GeometryAccumulator
 from models.knn import knn_predict
-from study.tasks.base import Evaluation, GeometryPictures, Task
+from study.tasks.base import GeometryPictures, Task
 from study.tasks.patches import PatchGeometry
 
 
@@ -215,16 +214,7 @@ class DINO(Task):
                                  dtype=torch.float64)
         totals = dict(zip(self.sum_names, self.worker.all_reduce(sums).tolist()))
         metrics = {"knn_acc": totals["hits"] / totals["queries"], "knn_top5": totals["top5_hits"] / totals["queries"]}
-        if not geometry:
-            return Evaluation(metrics)
-        values, pictures = self.finish_geometry(last)
-        spectrum, rgb, images = patches.finish()
-        values.update(spectrum)
-        metrics.update({f"geom_{name}": values[name] for name in self.geometry_metrics})
-        for layer, accumulator in enumerate(layers):
-            values = accumulator.all_reduce_().compute()
-            metrics.update({f"geom_l{layer}_{name}": values[name] for name in self.layer_geometry_metrics})
-        return Evaluation(metrics, dataclasses.replace(pictures, patch_rgb=rgb, images=images))
+        return self.finish_evaluation(metrics, last, layers, patches)
 
     @property
     def num_classes(self) -> int:

@@ -8,7 +8,6 @@ patches.py): the picture in which the paper sees object boundaries come out shar
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -29,7 +28,7 @@ from models.probes import (
     segmentation_loss,
     upsample_logits,
 )
-from study.tasks.base import Evaluation, GeometryPictures, Task
+from study.tasks.base import GeometryPictures, Task
 from study.tasks.frozen import FrozenBackbone, carried_backbone
 from study.tasks.patches import PatchGeometry
 
@@ -135,16 +134,7 @@ class SegmentationProbe(Task):
         confusion = totals[2:].reshape(classes, classes)
         metrics = {"val_miou": mean_iou(confusion), "val_acc": pixel_accuracy(confusion),
                    "val_loss": float(totals[0] / totals[1].clamp_min(1))}
-        if not geometry:
-            return Evaluation(metrics)
-        values, pictures = self.finish_geometry(last)
-        spectrum, rgb, images = patches.finish()
-        values.update(spectrum)
-        metrics.update({f"geom_{name}": values[name] for name in self.geometry_metrics})
-        for layer, accumulator in enumerate(layers):
-            values = accumulator.all_reduce_().compute()
-            metrics.update({f"geom_l{layer}_{name}": values[name] for name in self.layer_geometry_metrics})
-        return Evaluation(metrics, dataclasses.replace(pictures, patch_rgb=rgb, images=images))
+        return self.finish_evaluation(metrics, last, layers, patches)
 
     # ---- geometry: each labelled patch token one sample of its class ----------------------------------------------
 

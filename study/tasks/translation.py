@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from models.beam_search import beam_search
 from models.geometry import GeometryAccumulator, most_frequent_targets
-from study.tasks.base import Evaluation, GeometryPictures, Task
+from study.tasks.base import GeometryPictures, Task
 
 PAD, BOS, EOS = 0, 1, 2  # study/data/translation.py's special ids (the model's pad_id is set by the data to PAD)
 # Source-length buckets in words, (name, fewest, most): the write-up's claim is on sentences over 100 words.
@@ -161,11 +161,7 @@ class Translation(Task):
                    **{f"val_bleu_{name}": bleu_from_statistics(stats[1 + i]) for i, (name, _, _) in
                       enumerate(BUCKETS)},
                    "decode_tokens_per_s": decoding[0].item() / seconds if seconds > 0 else float("nan")}
-        if not geometry:
-            return Evaluation(metrics)
-        values, pictures = self.finish_geometry(accumulator)
-        metrics.update({f"geom_{name}": values[name] for name in self.geometry_metrics})
-        return Evaluation(metrics, pictures)
+        return self.finish_evaluation(metrics, accumulator if geometry else None, [])
 
     # ---- geometry: the encoder's output tokens grouped by their source token ---------------------------------------
 
