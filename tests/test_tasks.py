@@ -294,3 +294,14 @@ def test_segmentation_probe_learns_on_a_frozen_backbone():
     assert {n for n, p in model.named_parameters() if p.requires_grad} == {
         "head.norm.weight", "head.norm.bias", "head.conv_seg.weight", "head.conv_seg.bias"}
     assert end > start + 0.2 and end > 0.5, (start, end)
+
+
+def test_a_stage_whose_data_reshapes_the_carried_model_is_refused_by_name():
+    """A chat stage's vocabulary (the byte vocabulary plus nanochat's special tokens) after a pre-training stage
+    without them: the carried model does not fit, and the error says which shape and how to make the stages agree."""
+    pretrained = models.build_model({"preset": "gpt_tiny", "depth": 1, "vocab_size": 257}).state_dict()
+    language_modeling = task_class("language_modeling")
+    same = language_modeling.build_model({"preset": "gpt_tiny", "depth": 1, "vocab_size": 257}, {}, pretrained)
+    assert all(torch.equal(value, pretrained[key]) for key, value in same.state_dict().items())
+    with pytest.raises(ValueError, match=r"size mismatch .*chat_tokens: true"):
+        language_modeling.build_model({"preset": "gpt_tiny", "depth": 1, "vocab_size": 265}, {}, pretrained)

@@ -70,6 +70,19 @@ class Evaluation:
     pictures: GeometryPictures | None = None  # at geometry epochs
 
 
+def load_carried(model: torch.nn.Module, carried: dict) -> None:
+    """`carried` (what the stage before carried forward) into `model`, which this stage built from its own data: a
+    shape that differs means the stages' data disagree, said as such rather than as a bare size mismatch."""
+    try:
+        model.load_state_dict(carried)
+    except RuntimeError as exc:
+        mismatch = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), str(exc))
+        raise ValueError(f"this stage's data shapes the model unlike the stage before ({mismatch}): every stage's "
+                         "data must give the same vocab_size, context_length and image keys (for language models, "
+                         "`chat_tokens: true` on a pre-training text source keeps the chat tokens in its vocabulary)"
+                         ) from None
+
+
 class Task(ABC):
     """One kind of training on one Train worker: subclasses set the class attributes and implement the abstract
     methods, and `loss`, `eval_sums` and `eval_metrics` for the `train_step` and `evaluate` they share (a task with
@@ -115,7 +128,7 @@ class Task(ABC):
         carried forward (`carry`), None in a run's first stage."""
         model = models.build_model(model_config)
         if carried is not None:
-            model.load_state_dict(carried)
+            load_carried(model, carried)
         return model
 
     def __init__(self, model: torch.nn.Module, worker: Worker, *, seed: int, geometry: GeometrySpec,

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import models
+from study.tasks.base import load_carried
 
 
 def carried_backbone(model_config: dict, carried: dict | None) -> nn.Module:
@@ -16,8 +17,8 @@ def carried_backbone(model_config: dict, carried: dict | None) -> nn.Module:
     backbone = models.build_model(model_config)
     if carried is not None:
         own = backbone.state_dict()
-        backbone.load_state_dict({k: v for k, v in carried.items() if not k.startswith("head.")}
-                                 | {k: own[k] for k in own if k.startswith("head.")})
+        load_carried(backbone, {k: v for k, v in carried.items() if not k.startswith("head.")}
+                     | {k: own[k] for k in own if k.startswith("head.")})
     return backbone
 
 
