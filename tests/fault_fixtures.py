@@ -224,6 +224,33 @@ def settled(processes: list[Proc], quiet: float = 3.0, timeout: float = 60.0) ->
     return alive
 
 
+
+def kill_study_when(args: list, env: dict, cwd: Path, ready, what: str, timeout: float = 400) -> None:
+    """`lapstudy ARGS` from `cwd`, its driver SIGKILLed once `ready()` holds while it still runs, then waited on until
+    every process it had started has ended by itself: the state a `--resume` starts from."""
+    study = Lapstudy(args, env, cwd / "first.log", cwd=cwd)
+    try:
+        def running_and_ready():
+            assert not study.finished(), "the study ended before the kill:\n" + study.log()
+            return ready()
+        wait_for(running_and_ready, timeout, what)
+        recorded = process_tree(study.pid)
+        os.kill(study.pid, signal.SIGKILL)
+        study.process.wait(30)
+    finally:
+        study.close()
+    settled(recorded[1:])
+
+
+def resume_study(args: list, env: dict, cwd: Path) -> str:
+    """`lapstudy ARGS --resume` from `cwd` to its successful end; the tail of its log."""
+    resumed = Lapstudy([*args, "--resume"], env, cwd / "resumed.log", cwd=cwd)
+    try:
+        assert resumed.wait(600) == 0, resumed.log()
+        return resumed.log(20000)
+    finally:
+        resumed.close()
+
 def processes_using(marker: str) -> list[Proc]:
     """Live processes whose command line mentions `marker` (a private temp folder): what a test left behind."""
     found = []

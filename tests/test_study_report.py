@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,17 +18,15 @@ import yaml
 from scipy import stats
 
 from fault_fixtures import (
-    Lapstudy,
+    kill_study_when,
     mlflow_runs,
     private_ray_tmp,
-    process_tree,
+    resume_study,
     run_lapstudy,
-    settled,
     study_env,
     study_run,
     tiny_space,
     tune_results,
-    wait_for,
     write_space,
 )
 
@@ -56,25 +53,10 @@ def study(tmp_path_factory):
     state = SimpleNamespace(root=root, dir=root / "studies" / "replicated")
     with private_ray_tmp("lsr") as ray_tmp:
         env = study_env(ray_tmp)
-        first = Lapstudy(args, env, root / "first.log", cwd=root)
-        try:
-            def two_trials_done():
-                assert not first.finished(), "the study ended before the kill:\n" + first.log()
-                rows = tune_results(state.dir)
-                return sum(1 for r in rows.values() if r[-1]["epoch"] == EPOCHS) >= 2
-            wait_for(two_trials_done, 400, "the baseline's two replicates to finish")
-            recorded = process_tree(first.pid)
-            os.kill(first.pid, signal.SIGKILL)
-            first.process.wait(30)
-        finally:
-            first.close()
-        settled(recorded[1:])
-        resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log", cwd=root)
-        try:
-            assert resumed.wait(600) == 0, resumed.log()
-            state.log = resumed.log(20000)
-        finally:
-            resumed.close()
+        def two_trials_done():
+            return sum(1 for rows in tune_results(state.dir).values() if rows[-1]["epoch"] == EPOCHS) >= 2
+        kill_study_when(args, env, root, two_trials_done, "the baseline's two replicates to finish")
+        state.log = resume_study(args, env, root)
         state.env = env
         state.status = run_lapstudy(["status", "studies/replicated"], env, timeout=120, cwd=root)
         state.export = run_lapstudy(["export", "studies/replicated", "--top", "1", "--out", "best"], env,

@@ -5,23 +5,19 @@ weights the first carried forward."""
 
 from __future__ import annotations
 
-import os
-import signal
 from types import SimpleNamespace
 
 import pytest
 
 from fault_fixtures import (
-    Lapstudy,
+    kill_study_when,
     live_results,
     mlflow_runs,
     private_ray_tmp,
-    process_tree,
-    settled,
+    resume_study,
     study_env,
     tiny_space,
     tune_results,
-    wait_for,
     write_space,
 )
 
@@ -44,25 +40,11 @@ def staged(tmp_path_factory):
     state = SimpleNamespace(root=root, dir=root / "studies" / "staged")
     with private_ray_tmp("lsg") as ray_tmp:
         env = study_env(ray_tmp)
-        first = Lapstudy(args, env, root / "first.log", cwd=root)
-        try:
-            def in_the_second_stage():
-                assert not first.finished(), "the study ended before the kill:\n" + first.log()
-                rows = [r for trial_rows in live_results(ray_tmp, "staged").values() for r in trial_rows]
-                return any(r["epoch"] > FIRST for r in rows)
-            wait_for(in_the_second_stage, 400, "the second stage's first epoch")
-            recorded = process_tree(first.pid)
-            os.kill(first.pid, signal.SIGKILL)
-            first.process.wait(30)
-        finally:
-            first.close()
-        settled(recorded[1:])
+        def in_the_second_stage():
+            return any(r["epoch"] > FIRST for rows in live_results(ray_tmp, "staged").values() for r in rows)
+        kill_study_when(args, env, root, in_the_second_stage, "the second stage's first epoch")
         state.at_kill = tune_results(state.dir)
-        resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log", cwd=root)
-        try:
-            assert resumed.wait(600) == 0, resumed.log()
-        finally:
-            resumed.close()
+        resume_study(args, env, root)
     [(state.trial, state.rows)] = tune_results(state.dir).items()
     (state.run,) = mlflow_runs(f"sqlite:///{state.dir / 'mlflow.db'}", "staged")[state.trial]
     return state
