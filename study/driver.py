@@ -18,7 +18,7 @@ from study.data import TaskData, check_dataset
 from study.errors import UserError
 from study.folder import SPACE_FILE, StudyFolder, StudyRecord
 from study.preflight import Request, preflight
-from study.resources import trial_driver_resources
+from study.resources import trains_in_trial, trial_driver_resources
 from study.results import load_records, summary
 from study.runspec import Resources, complete_hyperparameters
 from study.search import make_scheduler, make_searcher
@@ -36,7 +36,8 @@ from study.trial import StudyContext, trial_driver, trial_name
 # seconds of Tune's bookkeeping (its default waits 10 s or more between saves).
 EXPERIMENT_STATE_EVERY_S = 2
 # Tune re-runs a trial whose driver died (its node was lost); the trial resumes from its Train checkpoints.
-# Worker crashes are retried inside the trial by Ray Train (--max-failures).
+# Worker crashes are retried inside the trial by Ray Train (--max-failures), or by Tune for a trial that trains in
+# its own process.
 TRIAL_RETRIES = 1
 
 
@@ -84,6 +85,8 @@ def run_study(options: RunOptions) -> int:
                       max_concurrent=stored.max_concurrent if stored else options.max_concurrent,
                       worker_resources=worker_resources)
     launch = preflight(request, lambda task_data: _check_space(space, resources, task_data), previous)
+    in_process = stored.trains_in_trial if stored else trains_in_trial(resources, ray.cluster_resources(),
+                                                                        worker_resources)
 
     folder.path.mkdir(parents=True, exist_ok=True)
     tracking_uri, experiment_id = open_experiment(tracking_uri, folder.path, name, must_be_new=not stored)
@@ -91,22 +94,24 @@ def run_study(options: RunOptions) -> int:
         folder.start(options.space, StudyRecord(
             name=name, space=str(options.space), created=datetime.now(timezone.utc).isoformat(), seed=seed,
             num_samples=num_samples, seeds=seeds, max_concurrent=options.max_concurrent, resources=resources,
-            worker_resources=worker_resources, tracking_uri=without_credentials(tracking_uri),
+            worker_resources=worker_resources, trains_in_trial=in_process,
+            tracking_uri=without_credentials(tracking_uri),
             experiment_id=experiment_id, metric=space.metrics, mode=space.modes))
     record_driver(folder.path, launch.session_dir)
     study_run_id = open_study_run(tracking_uri, experiment_id, name, _study_params(space, folder.record()),
                                   provenance(), [folder.path / SPACE_FILE])
 
     context = StudyContext(folder, space, seed, resources, tracking_uri, experiment_id, study_run_id,
-                           options.max_failures, worker_resources)
+                           options.max_failures, in_process, worker_resources)
     trainable = tune.with_resources(tune.with_parameters(trial_driver, study=context),
-                                    trial_driver_resources(ray.cluster_resources()))
+                                    trial_driver_resources(ray.cluster_resources(), resources, in_process))
     trials = num_samples * len(seeds)
     callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.total_epochs), StudyProgress(space, trials)]
     replicated = f" ({num_samples} configurations x {len(seeds)} seeds)" if len(seeds) > 1 else ""
     print(f"study {name} in {folder.path}: {trials} trials{replicated} of {space.epochs} epochs, up to "
           f"{launch.concurrency} at a time, {resources.workers} worker(s) x {resources.cpus_per_worker:g} CPU"
-          + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial", flush=True)
+          + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial"
+          + (", trained in the trial's own process" if in_process else ""), flush=True)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
     if any("/" in metric for metric in space.metrics):
         # The metric of a later stage is in that stage's reports only; Tune would refuse the earlier ones.
@@ -119,9 +124,13 @@ def run_study(options: RunOptions) -> int:
             tune_config=tune.TuneConfig(search_alg=make_searcher(space, seed, folder.path),
                                         scheduler=make_scheduler(space), num_samples=trials,
                                         max_concurrent_trials=launch.concurrency, trial_name_creator=trial_name,
-                                        trial_dirname_creator=trial_name),
+                                        trial_dirname_creator=trial_name,
+                                        # The next trial takes over a finished trial's process (torch and the
+                                        # project already imported) when it trains in it.
+                                        reuse_actors=in_process),
             run_config=tune.RunConfig(name=name, storage_path=str(options.storage), callbacks=callbacks, verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)),
+                                      failure_config=tune.FailureConfig(max_failures=max(
+                                          TRIAL_RETRIES, options.max_failures if in_process else 0))),
         )
     tuner.fit()
     records = load_records(folder)

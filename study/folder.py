@@ -40,6 +40,9 @@ class StudyRecord(BaseModel):
     max_concurrent: int | None
     resources: Resources
     worker_resources: dict[str, float] = {}
+    # Trials train in their own process (study/resources.py: trains_in_trial); fixed at the start, so a resume
+    # finds its checkpoints the way they were written (studies from before: in a Train worker group)
+    trains_in_trial: bool = False
     tracking_uri: str  # without credentials
     experiment_id: str
     metric: list[str]

@@ -18,18 +18,18 @@ from contextlib import closing, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ray.train
-import ray.train.torch
+import ray
 import torch
 
 import models
 from study.optim import build_optimizer, build_schedule, peak_lr
 from study.plots import draw_geometry, draw_layer_history
+from study.host import InProcessHost, TrainWorkerHost
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import CHECKPOINT_FILE, TrainState
 from study.tasks import StepSettings, Task, task_class
 from study.tracking import RAY_ONLY_KEYS, RunLogger, TrackingTarget, run_params
-from study.worker import Worker, seed_everything
+from study.worker import seed_everything
 from study.yamlio import dump_yaml
 
 
@@ -66,14 +66,15 @@ class LoopPlan:
     batch_per_worker: int
 
 
-def train_loop_per_worker(loop_config: dict) -> None:
+def train_loop_per_worker(loop_config: dict) -> dict:
+    """Train one stage; returns its last report (rank 0's is what `TorchTrainer.fit()` hands back)."""
     spec: RunSpec = loop_config["spec"]
     task_data = loop_config["task_data"]
     plan: LoopPlan = loop_config["plan"]
     target: TrackingTarget | None = loop_config["tracking"]
     stage: StageContext = loop_config["stage"]
-    context = ray.train.get_context()
-    worker = Worker(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device())
+    host: TrainWorkerHost | InProcessHost = loop_config["host"]
+    worker = host.worker()
     torch.set_num_threads(spec.resources.threads)
     if worker.device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -82,20 +83,19 @@ def train_loop_per_worker(loop_config: dict) -> None:
     task_type = task_class(spec.task)
     model = task_type.build_model(spec.model_config_flat, spec.hyperparameters, stage.carried())
     num_params = models.count_parameters(model)
-    wrapped = ray.train.torch.prepare_model(model)
+    wrapped = host.prepare_model(model)
     optimizer = build_optimizer(model, spec.train, slow_lr_scale(spec.model_config_flat))
     state = TrainState(model, wrapped, optimizer,
                        build_schedule(optimizer, spec.train, plan.steps_per_epoch, spec.epochs))
-    state.restore(ray.train.get_checkpoint(), worker.device)
+    state.restore(host.latest_checkpoint(), worker.device)
     # Ray's records (not MLflow) say where each report came from: which checkpoint this worker group started from
     # (0: none), on which node and in which process rank 0 runs. That is how a restart after a lost node, worker
     # process or driver shows.
     origin = {"resumed_from_epoch": state.epoch, "worker_node_id": ray.get_runtime_context().get_node_id(),
               "worker_pid": os.getpid()}
     if state.epoch >= spec.epochs:  # restarted after the last checkpoint: hand the final result to Tune again
-        state.report({**stage.carried_metrics, **state.history[-1], "mlflow_run_id": state.mlflow_run_id,
-                      **origin}, worker.rank)
-        return
+        return _report(host, state, worker.rank,
+                       {**stage.carried_metrics, **state.history[-1], "mlflow_run_id": state.mlflow_run_id, **origin})
 
     logger = _open_run(target, spec, num_params, task_data.params, state) if worker.rank == 0 else None
     task = task_type(model, worker, seed=spec.seed, geometry=spec.geometry, hyperparameters=spec.hyperparameters)
@@ -114,7 +114,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         for epoch in range(state.epoch + 1, spec.epochs + 1):
             seed_everything(spec.seed, epoch, worker.rank)
             batches = task_data.train_batches(train_shard, batch_size=plan.batch_per_worker, epoch=epoch,
-                                              seed=spec.seed, device=worker.device)
+                                              seed=spec.seed, device=worker.device, rank=worker.rank)
             metrics = train_epoch(state, task, batches, spec, plan)
             metrics.update(epoch=epoch, num_params=num_params)
             pictures = None
@@ -138,11 +138,25 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 if pictures is not None:
                     _log_pictures(logger, pictures, state.history, spec, stage)
             last = epoch == spec.epochs
-            state.report({**stage.carried_metrics, **named, "stage": stage.name or "",
-                          "mlflow_run_id": state.mlflow_run_id, **origin}, worker.rank,
-                         carry=task.carry() if last else None)
+            report = _report(host, state, worker.rank, {**stage.carried_metrics, **named, "stage": stage.name or "",
+                                                        "mlflow_run_id": state.mlflow_run_id, **origin},
+                             carry=task.carry() if last else None)
             if "diverged" in metrics:
-                return
+                break
+    return report
+
+
+def _report(host: TrainWorkerHost | InProcessHost, state: TrainState, rank: int, metrics: dict,
+            carry: dict | None = None) -> dict:
+    """Report `metrics` (a barrier: every worker calls it); rank 0 attaches the checkpoint, so that a restart
+    resumes from here."""
+    if rank != 0:
+        host.report(metrics)
+        return metrics
+    with tempfile.TemporaryDirectory() as folder:
+        state.save(Path(folder), carry)
+        host.report(metrics, Path(folder))
+    return metrics
 
 
 def train_epoch(state: TrainState, task: Task, batches, spec: RunSpec, plan: LoopPlan) -> dict:

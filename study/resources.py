@@ -1,8 +1,9 @@
 """How many trials run at once, decided up front so that trials never starve their own Train workers.
 
 A trial is a driver that asks for no CPU (it only waits on its TorchTrainer) plus `workers` Train workers of
-`cpus_per_worker` CPUs (and GPUs) each. Ray Data's read and transform tasks need CPU as well: one CPU of the cluster
-stays free for them, or a data pipeline can hang without an error.
+`cpus_per_worker` CPUs (and GPUs) each; a trial that trains in its own process (`trains_in_trial`) asks for its one
+worker's CPUs and GPUs itself. Ray Data's read and transform tasks need CPU as well: one CPU of the cluster stays
+free for them, or a data pipeline can hang without an error.
 """
 
 from __future__ import annotations
@@ -73,8 +74,19 @@ def trial_concurrency(resources: Resources, cluster: dict, nodes: list[dict], re
     return requested or fits
 
 
-def trial_driver_resources(cluster: dict) -> dict:
-    resources = dict(TRIAL_DRIVER_RESOURCES)
+def trains_in_trial(resources: Resources, cluster: dict, worker_resources: dict | None) -> bool:
+    """Whether a trial trains in its own process (Ray Train's local mode, study/host.py) instead of a Train worker
+    group: with one worker, no custom placement of it (--worker-resource) and no head node reserved for trial
+    drivers (whose workers belong on the worker nodes). That saves starting a Train controller and a worker process
+    per trial, and with actor reuse a process per trial altogether."""
+    return resources.workers == 1 and not worker_resources and cluster.get(DRIVER_NODE_RESOURCE, 0) == 0
+
+
+def trial_driver_resources(cluster: dict, resources: Resources, in_process: bool) -> dict:
+    if in_process:
+        return {"CPU": resources.cpus_per_worker, **({"GPU": resources.gpus_per_worker}
+                                                      if resources.gpus_per_worker else {})}
+    driver = dict(TRIAL_DRIVER_RESOURCES)
     if cluster.get(DRIVER_NODE_RESOURCE, 0) > 0:
-        resources[DRIVER_NODE_RESOURCE] = 0.001
-    return resources
+        driver[DRIVER_NODE_RESOURCE] = 0.001
+    return driver

@@ -4,10 +4,10 @@ before it carried forward, all logging into the run's one MLflow run."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 from study.data import TaskData
+from study.host import newest_checkpoint
 from study.loop import BOOKKEEPING, StageContext
 from study.runspec import RunSpec, complete_hyperparameters
 from study.tasks import task_class
@@ -17,7 +17,8 @@ from study.trainer import RunSetup, build_trainer
 def run_stages(spec: RunSpec, name: str, setup: RunSetup, first_data: TaskData,
                load_data: Callable[[RunSpec], TaskData]) -> dict:
     """Train every stage of `spec` (the first on `first_data`, each later one on `load_data(its spec)`); the
-    final metrics of the last stage that ran (a diverged stage ends the run)."""
+    final metrics of the last stage that ran (a diverged stage ends the run), with its newest checkpoint's path as
+    `checkpoint_path`."""
     stage, final, previous = StageContext(), {}, None
     for stage_name, offset, stage_spec in spec.stage_runs():
         data = first_data
@@ -28,15 +29,11 @@ def run_stages(spec: RunSpec, name: str, setup: RunSetup, first_data: TaskData,
                          if k not in task_class(stage_spec.task).carried_sets}
             stage_spec = stage_spec.model_copy(update={"hyperparameters": complete_hyperparameters(
                 stage_spec.hyperparameters, overrides, stage_spec.task, where)})
-            stage = StageContext(stage_name, offset, _last_checkpoint(setup.storage_path / previous),
+            stage = StageContext(stage_name, offset, final["checkpoint_path"],
                                  {k: v for k, v in final.items() if k not in BOOKKEEPING})
         previous = name if stage_name is None else f"{name}_{stage_name}"
-        final = build_trainer(stage_spec, data, previous, setup, stage).fit().metrics or {}
+        result = build_trainer(stage_spec, data, previous, setup, stage).fit()
+        final = {**result.return_value, "checkpoint_path": str(newest_checkpoint(setup.storage_path / previous))}
         if final.get("diverged"):
             break
     return final
-
-
-def _last_checkpoint(run_folder: Path) -> str:
-    """The newest checkpoint of a finished stage's Train run (Ray names them by time)."""
-    return str(max(path for path in run_folder.glob("checkpoint_*") if path.is_dir()))

@@ -1,12 +1,11 @@
 """`TrainState`: what a run carries from one optimiser step to the next and from a checkpoint to its restart.
 
-A checkpoint is one `torch.save` file inside a Ray Train `Checkpoint` (Ray persists it to the run's storage and
-hands the latest one back to a restarted worker group through `ray.train.get_checkpoint()`).
+A checkpoint is one `torch.save` file in a folder that the run's host (study/host.py) persists to the run's storage
+and hands back, as a Ray Train `Checkpoint`, when the run restarts.
 """
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,15 +38,10 @@ class TrainState:
         self.epoch, self.step, self.history = saved["epoch"], saved["step"], saved["history"]
         self.mlflow_run_id = saved.get("mlflow_run_id", "")
 
-    def report(self, metrics: dict, rank: int, carry: dict | None = None) -> None:
-        """Report `metrics` to Ray (a barrier: every worker calls it); rank 0 attaches the checkpoint, so that a
-        restart resumes from here. `carry`: what the run's next stage starts from (saved with the last epoch)."""
-        if rank != 0:
-            ray.train.report(metrics)
-            return
-        with tempfile.TemporaryDirectory() as folder:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step,
-                        "history": self.history, "mlflow_run_id": self.mlflow_run_id, "carry": carry},
-                       Path(folder) / CHECKPOINT_FILE)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+    def save(self, folder: Path, carry: dict | None = None) -> None:
+        """Write the checkpoint into `folder`. `carry`: what the run's next stage starts from (saved with the last
+        epoch)."""
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step,
+                    "history": self.history, "mlflow_run_id": self.mlflow_run_id, "carry": carry},
+                   Path(folder) / CHECKPOINT_FILE)

@@ -12,6 +12,7 @@ import ray
 from study.data import TaskData, load_task_data
 from study.errors import UserError, validate
 from study.preflight import Request, preflight
+from study.resources import trains_in_trial
 from study.runspec import Resources, RunSpec, check_run_config, complete_hyperparameters
 from study.status import TrialStatus, trial_status
 from study.tasks import task_class
@@ -58,8 +59,10 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
     tracking_uri, experiment_id = open_experiment(tracking_uri, storage, EXPERIMENT, must_be_new=False)
     name = f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     (storage / f"{name}.yaml").write_text(dump_yaml(spec.document()))
-    # Its name is also its MLflow run's trial id: every stage finds the one run.
-    setup = RunSetup(storage_path=storage, tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None))
+    # Its name is also its MLflow run's trial id: every stage finds the one run. One worker trains in this process,
+    # as a study's one-worker trial does in its own.
+    setup = RunSetup(storage_path=storage, tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None),
+                     in_process=trains_in_trial(spec.resources, ray.cluster_resources(), {}))
     print(f"training {path} as run {name} ({spec.total_epochs} epochs, {spec.resources.workers} worker(s)); "
           f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)
     try:

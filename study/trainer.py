@@ -7,14 +7,13 @@ from pathlib import Path
 
 import ray.train
 from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
 
 from study.errors import UserError
+from study.host import CHECKPOINTS_KEPT, InProcessHost, TrainWorkerHost
 from study.loop import LoopPlan, StageContext, train_loop_per_worker
 from study.runspec import RunSpec
 from study.tracking import TrackingTarget
-
-# Train keeps the newest checkpoints only: enough to resume, bounded on disk for large models.
-CHECKPOINTS_KEPT = 2
 
 
 def plan_run(spec: RunSpec, num_train: int | None) -> LoopPlan:
@@ -45,8 +44,9 @@ class RunSetup:
 
     storage_path: Path  # the trainers' runs (checkpoints) go under it, each under its fixed name
     tracking: TrackingTarget | None  # None: no MLflow
-    callbacks: list = field(default_factory=list)  # Ray Train callbacks (TuneReportCallback inside a study)
-    max_failures: int = 2  # restarts of a worker group after a crash or a lost node
+    in_process: bool = False  # train in the calling process (Ray Train's local mode; study/host.py), one worker
+    report_to_tune: bool = False  # inside a study's trial: every report reaches Tune
+    max_failures: int = 2  # restarts of a worker group after a crash or a lost node (a Train worker group only)
     worker_resources: dict = field(default_factory=dict)  # custom Ray resources each worker asks for (placement)
 
 
@@ -55,22 +55,27 @@ def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: S
     same ones (a restarted trial) resumes from its latest checkpoint."""
     plan = plan_run(spec, task_data.num_train)
     resources = spec.resources
-    per_worker = {"CPU": resources.cpus_per_worker, **setup.worker_resources}
-    if resources.gpus_per_worker:
-        per_worker["GPU"] = resources.gpus_per_worker
+    if setup.in_process:
+        # The process already holds the run's one worker's CPUs and GPUs (the trial asked Tune for them).
+        host, scaling = InProcessHost(setup.storage_path / name, setup.report_to_tune), ray.train.ScalingConfig(
+            num_workers=0)
+    else:
+        per_worker = {"CPU": resources.cpus_per_worker, **setup.worker_resources}
+        if resources.gpus_per_worker:
+            per_worker["GPU"] = resources.gpus_per_worker
+        host, scaling = TrainWorkerHost(), ray.train.ScalingConfig(
+            num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0, resources_per_worker=per_worker)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec, "task_data": task_data, "plan": plan, "tracking": setup.tracking,
-                           "stage": stage},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=resources.workers, use_gpu=resources.gpus_per_worker > 0, resources_per_worker=per_worker
-        ),
+                           "stage": stage, "host": host},
+        scaling_config=scaling,
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=str(setup.storage_path),
             failure_config=ray.train.FailureConfig(max_failures=setup.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
-            callbacks=setup.callbacks,
+            callbacks=[TuneReportCallback()] if setup.report_to_tune and not setup.in_process else [],
         ),
         datasets=task_data.datasets,
         dataset_config=task_data.data_config(),

@@ -1,13 +1,13 @@
 """The trial driver: the Ray Tune function trainable every trial of a study runs. It resolves the trial's sampled
 values into a complete run config, records it in the study folder, and fits the trial's Ray Train `TorchTrainer`
-(its workers report every epoch to Tune through `TuneReportCallback`, which is what ASHA and the sampler see)."""
+(or, with one worker, trains in its own process: study/host.py); every epoch reaches Tune, which is what ASHA and the
+sampler see."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ray import tune
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from study.data import load_task_data
 from study.folder import StudyFolder
@@ -32,6 +32,7 @@ class StudyContext:
     experiment_id: str
     study_run_id: str  # the study's MLflow run, parent of the trial runs
     max_failures: int  # retries of a trial's workers after a crash or a lost node
+    in_process: bool  # the trial trains in its own process (study/resources.py: trains_in_trial)
     worker_resources: dict = field(default_factory=dict)  # custom Ray resources each Train worker asks for
 
 
@@ -58,7 +59,7 @@ def trial_driver(config: dict, study: StudyContext) -> None:
     setup = RunSetup(storage_path=study.folder.train_dir,
                      tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id,
                                              study.folder.name, parent_run_id=study.study_run_id, tags=tags),
-                     callbacks=[TuneReportCallback()], max_failures=study.max_failures,
+                     in_process=study.in_process, report_to_tune=True, max_failures=study.max_failures,
                      worker_resources=study.worker_resources)
     # The trial's name names its stages' Train runs: a restarted trial finds their checkpoints again.
     run_stages(spec, name, setup, task_data, lambda stage: load_task_data(stage.task, stage.dataset, seed=seed))

@@ -21,7 +21,7 @@ def _worker_loop(config):
     for epoch in range(2):
         train = [
             b for b in task_data.train_batches(
-                ray.train.get_dataset_shard("train"), batch_size=32, epoch=epoch, seed=5, device="cpu"
+                ray.train.get_dataset_shard("train"), batch_size=32, epoch=epoch, seed=5, device="cpu", rank=rank
             )
         ]
         if epoch == 0:

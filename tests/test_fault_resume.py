@@ -1,10 +1,12 @@
-"""The study driver SIGKILLed mid-study, then `lapstudy run SPACE --resume`; a trial that diverges on the way.
+"""The study driver SIGKILLed mid-study, then `lapstudy run SPACE --resume`; a trial that diverges on the way; a
+trial's own process SIGKILLed.
 
-One study (three trials, one at a time, on the embedded default: local Ray, SQLite MLflow store in the study folder):
+One study (three trials, one at a time, on the embedded default: local Ray, SQLite MLflow store in the study folder;
+one worker per trial, so each trial trains in its own process):
 1. a trial at learning rate 1e4: AdamW's decoupled weight decay at that rate multiplies the weights by about -500
    per step, the loss is NaN by the third step (a real configuration, no test knob);
 2. a normal trial, during which the driver is SIGKILLed;
-3. a normal trial that only exists after the resume.
+3. a normal trial that only exists after the resume, whose process is SIGKILLed mid-way (an OOM kill).
 The assertions read Ray's own records (the study folder), the MLflow store and the searcher's saved state.
 """
 
@@ -22,6 +24,7 @@ import pytest
 from fault_fixtures import (
     LAPSTUDY,
     Lapstudy,
+    Proc,
     epoch_steps,
     explain,
     free_port,
@@ -96,6 +99,17 @@ def crash(tmp_path_factory):
         started = time.monotonic()
         resumed = Lapstudy([*args, "--resume"], env, root / "resumed.log")
         try:
+            def after_trial_mid_way():
+                assert not resumed.finished(), "the study ended before the trial process was killed:\n" + resumed.log()
+                results = live_results(ray_tmp, "crash")
+                trial = _trial_with_lr(results, AFTER)
+                return results[trial][-1] if trial and results[trial][-1]["epoch"] >= 2 else None
+
+            row = wait_for(after_trial_mid_way, 300, "the trial after the resume to report epoch 2")
+            state.crashed_trial, state.crash_seen = row["trial_id"], row["epoch"]
+            state.killed_process = Proc.read(row["worker_pid"])
+            assert state.killed_process is not None, f"the trial's process {row['worker_pid']} was gone already"
+            os.kill(state.killed_process.pid, signal.SIGKILL)
             state.resume_code = resumed.wait(400)
             state.resume_log = resumed.log(20000)
         finally:
@@ -147,6 +161,27 @@ def test_interrupted_trial_resumes_from_its_checkpoint(crash):
     # Tune keeps no log of a trial it restarts without a Tune checkpoint: its rows start at the resumed epoch (the
     # epochs before are in MLflow, below, and in the trial's checkpoints).
     assert rows == resumed, story
+
+
+def test_trial_process_crash_restarts_the_trial_from_its_last_checkpoint(crash):
+    """A one-worker trial trains in its own process (Ray Train's local mode): when that process dies, Tune retries
+    the trial, which finds its checkpoints again under its fixed name and resumes from the last one."""
+    rows = crash.tune[crash.crashed_trial]
+    story = explain(rows, crash.resume_log)
+    killed = crash.killed_process
+    assert not killed.alive()
+    after = [r for r in rows if r["worker_pid"] != killed.pid]
+    assert after, "the trial never restarted" + story
+    assert all(r["worker_pid"] == r["pid"] for r in rows), "the trial trained in a Train worker, not its own process"
+    before = [r for r in rows if r["worker_pid"] == killed.pid]
+    assert {r["resumed_from_epoch"] for r in before} == {0}, story
+    checkpoint_epoch = after[0]["resumed_from_epoch"]
+    assert crash.crash_seen <= checkpoint_epoch <= before[-1]["epoch"] + 1, \
+        f"Tune had seen epoch {crash.crash_seen}" + story
+    assert after[0]["epoch"] == checkpoint_epoch + 1, "first epoch after the restart = checkpoint epoch + 1" + story
+    assert {r["resumed_from_epoch"] for r in after} == {checkpoint_epoch}, "one restart" + story
+    # Tune keeps the rows of a trial it retried within the study: every epoch once, in order.
+    assert [r["epoch"] for r in rows] == list(range(1, EPOCHS + 1)), story
 
 
 def test_one_mlflow_run_per_trial_with_complete_histories(crash):

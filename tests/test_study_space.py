@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import time
 from pathlib import Path
 
 import optuna
@@ -14,7 +15,7 @@ import yaml
 from study.cli import main
 from study.errors import UserError
 from study.optim import WarmupCosine
-from study.resources import trial_concurrency
+from study.resources import trains_in_trial, trial_concurrency, trial_driver_resources
 from study.results import TrialRecord, best_records
 from study.status import TrialStatus
 from study.runspec import Resources, complete_hyperparameters
@@ -143,6 +144,28 @@ def test_concurrency_keeps_workers_fed_and_a_cpu_for_ray_data(cluster, resources
 
 
 @pytest.mark.parametrize(
+    "resources, cluster, worker_resources, in_process",
+    [
+        (Resources(workers=1, cpus_per_worker=1), {"CPU": 2}, {}, True),  # the laptop: the trial trains itself
+        (Resources(workers=1, cpus_per_worker=4, gpus_per_worker=1), {"CPU": 8, "GPU": 1}, {}, True),
+        (Resources(workers=2, cpus_per_worker=0.5), {"CPU": 2}, {}, False),  # DDP needs a worker group
+        (Resources(workers=1, cpus_per_worker=1), {"CPU": 2, "spot": 1}, {"spot": 1}, False),  # placed workers
+        (Resources(workers=1, cpus_per_worker=1), {"CPU": 8, "lapstudy_driver": 1}, {}, False),  # drivers on the head
+    ],
+)
+def test_a_trial_trains_in_its_own_process_only_when_one_unplaced_worker_is_all_it_needs(
+        resources, cluster, worker_resources, in_process):
+    assert trains_in_trial(resources, cluster, worker_resources) is in_process
+    asked = trial_driver_resources(cluster, resources, in_process)
+    if in_process:  # the trial's process holds what its one worker would have held
+        assert asked == {"CPU": resources.cpus_per_worker,
+                         **({"GPU": resources.gpus_per_worker} if resources.gpus_per_worker else {})}
+    else:  # a driver that only waits on its TorchTrainer
+        assert asked.get("CPU") == 0 and "GPU" not in asked
+        assert ("lapstudy_driver" in asked) == ("lapstudy_driver" in cluster)
+
+
+@pytest.mark.parametrize(
     "cluster, resources, requested, words",
     [
         ({"CPU": 2}, Resources(workers=2, cpus_per_worker=1), None, ["--workers-per-trial 2", "Ray Data", "at most 1"]),
@@ -242,6 +265,23 @@ def test_run_logger_keeps_one_run_per_trial_and_logs_each_epoch_once(tmp_path):
         (1, 0.5), (2, 0.6), (3, 0.7)]
     assert run.data.params == {"lr": "0.001", "k": "2"}
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml"]
+
+
+def test_run_logger_records_system_metrics_of_a_run_shorter_than_one_sampling_interval(tmp_path):
+    """MLflow's monitor drops its first sample when stopped within its interval: a short trial still gets one."""
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import SYSTEM_METRICS_EVERY_S, RunLogger, TrackingTarget, ensure_experiment, local_store
+
+    uri, artifacts = local_store(tmp_path)
+    experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
+    logger = RunLogger(TrackingTarget(uri, experiment, "trial_short", "short", "s"), {}, "", system_metrics=True)
+    started = time.monotonic()
+    logger.log_epoch(1, {"val_acc": 0.5})
+    logger.close()
+    assert time.monotonic() - started < SYSTEM_METRICS_EVERY_S
+    run = MlflowClient(uri).get_run(logger.run_id)
+    assert any(key.startswith("system/cpu") for key in run.data.metrics), sorted(run.data.metrics)
 
 
 def test_run_logger_survives_an_unreachable_tracking_server(monkeypatch):

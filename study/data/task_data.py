@@ -81,11 +81,12 @@ class TaskData:
 
     # ---- worker side -------------------------------------------------------------------------------------------
 
-    def train_batches(self, shard, *, batch_size: int, epoch: int, seed: int, device) -> Iterator[dict[str, torch.Tensor]]:
-        """Reshuffled (seeded by (seed, epoch)), augmented training batches; the last partial batch is dropped."""
+    def train_batches(self, shard, *, batch_size: int, epoch: int, seed: int, device,
+                      rank: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """Reshuffled (seeded by (seed, epoch, the worker's rank)), augmented training batches; the last partial
+        batch is dropped."""
         if self.epoch_clock is not None:
             self.epoch_clock.set(epoch)
-        rank = _world_rank()
         batches = shard.iter_torch_batches(
             batch_size=batch_size,
             drop_last=True,
@@ -103,11 +104,3 @@ class TaskData:
         for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False, device=device, prefetch_batches=2):
             yield self.batch_steps.evaluate(batch)
 
-
-def _world_rank() -> int:
-    try:
-        import ray.train
-
-        return ray.train.get_context().get_world_rank()
-    except Exception:  # outside a Train worker (benchmarks, tests of a plain dataset)
-        return 0
