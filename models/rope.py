@@ -18,21 +18,29 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
-        if clockwise:
-            angles = -angles
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.head_dim, self.base, self.clockwise = head_dim, base, clockwise
+        cos, sin = self._table(0, max_len)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         self.max_len = max_len
+
+    def _table(self, start: int, stop: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles of positions start..stop-1 (float64 angles, float32 tables)."""
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
+                                 / self.head_dim)
+        angles = torch.outer(torch.arange(start, stop, dtype=torch.float64, device=device), inv_freq)
+        if self.clockwise:
+            angles = -angles
+        return angles.cos().float(), angles.sin().float()
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x: (B, H, N, head_dim) -> same shape, position ``offset + n`` rotating row n (offset: tokens already in a
         decoding cache)."""
         n = x.shape[-2]
-        if offset + n > self.max_len:
-            raise ValueError(f"sequence length {offset + n} exceeds the RoPE table ({self.max_len}); "
-                             f"raise context_length")
-        cos, sin = self.cos[offset:offset + n].to(x.dtype), self.sin[offset:offset + n].to(x.dtype)
+        if offset + n <= self.max_len:
+            cos, sin = self.cos[offset:offset + n], self.sin[offset:offset + n]
+        else:  # past the trained context (a long-context evaluation): the same rotation, computed for these rows
+            cos, sin = self._table(offset, offset + n, x.device)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -92,11 +92,14 @@ def test_scores_depend_only_on_the_offset():
     assert (scores - q @ k).abs().max() > 1.0
 
 
-def test_positions_past_the_table_are_refused():
-    rope = RotaryEmbedding(8, max_len=16)
-    rope(torch.zeros(1, 1, 16, 8))
-    with pytest.raises(ValueError, match="exceeds the RoPE table"):
-        rope(torch.zeros(1, 1, 17, 8))
+@pytest.mark.parametrize("clockwise", [False, True])
+def test_positions_past_the_table_rotate_as_a_longer_table_would(clockwise):
+    """A long-context evaluation reads past the trained context: those rows get the rotation of a longer table."""
+    x = torch.randn(2, 3, 24, 8)
+    short, long = RotaryEmbedding(8, max_len=16, clockwise=clockwise), RotaryEmbedding(8, 64, clockwise=clockwise)
+    assert torch.equal(short(x), long(x))
+    assert torch.equal(short(x, offset=10), long(x, offset=10))  # a decoding cache that crosses the table's end
+    assert torch.equal(short(x[:, :, :16]), long(x[:, :, :16]))
 
 
 # The GPT. Float64 so that "equal" can mean equal to rounding, and one layer so the attention's input is the
