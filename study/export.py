@@ -26,7 +26,7 @@ def export(folder: StudyFolder, top: int, out_dir: Path | None) -> list[Path]:
     out_dir = out_dir or folder.path / EXPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     # The metrics every epoch reports go into the provenance: a re-run is compared with them.
-    epoch_metrics = task_class(space.task).epoch_metrics()
+    epoch_metrics = task_class(space.task).epoch_metrics(space.dataset)
     written = []
     for rank, configuration in enumerate(best, start=1):
         trial = configuration.trials[0]

@@ -24,6 +24,7 @@ import torch
 import models
 from study.optim import build_optimizer, build_schedule, peak_lr
 from study.plots import draw_geometry, draw_layer_history
+from study.data.task_data import TRAIN
 from study.host import InProcessHost, TrainWorkerHost
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import CHECKPOINT_FILE, TrainState
@@ -100,11 +101,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     logger = _open_run(target, spec, num_params, task_data.params, state) if worker.rank == 0 else None
     task = task_type(model, worker, seed=spec.seed, geometry=spec.geometry, hyperparameters=spec.hyperparameters)
     shards = {split: ray.train.get_dataset_shard(split) for split in task_data.splits}
-    train_shard, eval_batch = shards["train"], 2 * plan.batch_per_worker
-
-    def eval_batches(split: str = "val"):
-        return task_data.val_batches(shards[split], batch_size=eval_batch, device=worker.device)
-
+    train_shard = shards["train"]
+    eval_batches = EvalSplits(task_data, shards, 2 * plan.batch_per_worker, worker.device)
     task.setup(eval_batches)
     with closing(logger) if logger is not None else nullcontext():  # closing stops its system-metrics monitor
         if task.evaluate_before_training and state.epoch == 0:  # MLflow only: Tune's rows are epochs trained
@@ -157,6 +155,25 @@ def _report(host: TrainWorkerHost | InProcessHost, state: TrainState, rank: int,
         state.save(Path(folder), carry)
         host.report(metrics, Path(folder))
     return metrics
+
+
+@dataclass(frozen=True)
+class EvalSplits:
+    """This worker's shards of the evaluated splits, as batches: `eval_splits(split)`; "val" by default, the others
+    (`names`) for tasks that evaluate more than it."""
+
+    task_data: object  # study.data.TaskData
+    shards: dict
+    batch_size: int  # validation rows per batch
+    device: torch.device
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name in self.shards if name != TRAIN)
+
+    def __call__(self, split: str = "val"):
+        rows = max(1, int(self.batch_size * self.task_data.eval_batch_scale.get(split, 1.0)))
+        return self.task_data.val_batches(self.shards[split], batch_size=rows, device=self.device)
 
 
 def train_epoch(state: TrainState, task: Task, batches, spec: RunSpec, plan: LoopPlan) -> dict:

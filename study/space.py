@@ -295,8 +295,9 @@ class SearchSpace(_Strict):
     def epoch_metrics(self) -> tuple[str, ...]:
         """What a sampler or ASHA may optimise: the first stage's epoch metrics, and each later stage's as
         <stage>/<metric>."""
-        later = (f"{stage.name}/{m}" for stage in self.stages for m in task_class(stage.task).epoch_metrics())
-        return (*task_class(self.task).epoch_metrics(), *later)
+        later = (f"{stage.name}/{m}" for stage in self.stages
+                 for m in task_class(stage.task).epoch_metrics(stage.dataset or self.dataset))
+        return (*task_class(self.task).epoch_metrics(self.dataset), *later)
 
     def _check_objectives(self):
         allowed = self.epoch_metrics()

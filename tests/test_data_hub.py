@@ -23,6 +23,8 @@ ALTERNATIVES = "parquet (local shards), image_folder, text_files, digits, pydoc_
     ({"source": "hf", "name": "cifar100"}, "classification"),
     ({"source": "hf", "name": "imagenet-1k"}, "classification"),
     ({"source": "fineweb_edu", "tokenizer": "byte"}, "language_modeling"),
+    ({"source": "wikitext103", "tokenizer": "byte"}, "language_modeling"),
+    ({"source": "pg19", "tokenizer": "byte", "eval_contexts": [100_000]}, "language_modeling"),
 ])
 def test_hub_source_offline_fails_within_seconds_naming_the_alternatives(ray_local, monkeypatch, dataset, task):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -61,6 +61,18 @@ def test_classification_evaluation_and_every_layers_geometry():
     assert metrics["geom_l0_between_class_frac"] != pytest.approx(metrics["geom_between_class_frac"])
 
 
+class ValidationOnly:
+    """What the loop hands a task's setup (study/loop.py EvalSplits) when the data has one evaluated split."""
+
+    names = ("val",)
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __call__(self, split="val"):
+        return iter(self.batches)
+
+
 def test_language_model_evaluation_and_every_layers_geometry():
     torch.manual_seed(1)
     model = models.build_model({"preset": "gpt_tiny", "k": 1, "depth": 2}).double().eval()
@@ -68,7 +80,7 @@ def test_language_model_evaluation_and_every_layers_geometry():
     batch = {"input_ids": tokens[:, :-1], "targets": tokens[:, 1:], "target_bytes": torch.ones(6, 16, dtype=torch.long)}
     task = task_class("language_modeling")(model, WORKER, seed=0, hyperparameters={},
                                            geometry=GeometrySpec(top_targets=5, pca_points=50))
-    task.setup(lambda split: [batch])
+    task.setup(ValidationOnly([batch]))
     evaluation = task.evaluate([batch], autocast=nullcontext(), geometry=True)
     with torch.no_grad():
         logits = model(batch["input_ids"])

@@ -3,8 +3,8 @@
     from study.data import DatasetConfig, TaskData, load_task_data
 
 Sources (the `source` field of a search space's `dataset:`): digits and pydoc_text ship offline; hf (CIFAR-10/100,
-ImageNet-1k or any hub id), parquet and image_folder are image classification; fineweb_edu and text_files are
-language modelling; toy_translation (offline) and wmt14 are sentence pairs (docs/translation.md). See docs/data.md.
+ImageNet-1k or any hub id), parquet and image_folder are image classification; fineweb_edu, wikitext103, pg19 and
+text_files are language modelling; toy_translation (offline) and wmt14 are sentence pairs (docs/translation.md). See docs/data.md.
 """
 
 from study.data.config import DatasetConfig

@@ -19,6 +19,7 @@ from study.data.epoch import EpochSource
 from study.data.task_data import TaskData
 from study.data.text import Tokenizer, TokenTargets, tokenize_and_pack
 from study.errors import UserError
+from study.tasks.language_modeling import context_split
 
 IMAGE_MAP_BATCH = 128  # rows per decode/augment task batch
 # Output blocks of the decode tasks: small enough that a task streams its first rows out while it works on the rest
@@ -136,11 +137,21 @@ def text_task(
         docs.map_batches(tokenize_and_pack, fn_kwargs=kwargs, batch_size=docs_per_batch, batch_format="numpy")
         for docs in (train_docs, val_docs)
     )
+    # Each context length packs all validation documents in one batch (windows longer than a batch of documents
+    # would otherwise never form), once: a validation split is small, and every epoch reads it again.
+    contexts = {context_split(length): val_docs.repartition(1).map_batches(
+        tokenize_and_pack, fn_kwargs={**kwargs, "seq_len": length}, batch_size=None, batch_format="numpy"
+    ).materialize() for length in cfg.eval_contexts}
+    for length, split in zip(cfg.eval_contexts, contexts.values()):
+        if split.count() == 0:
+            raise UserError(f"dataset.eval_contexts: {length} tokens is longer than the whole validation split (no "
+                            f"window of {length + 1} tokens fits); use shorter contexts")
     if materialize:
         train, val = train.materialize(), val.materialize()
         num_train, num_val = train.count(), val.count()
     return TaskData(
-        datasets={"train": train, "val": val},
+        datasets={"train": train, "val": val, **contexts},
+        eval_batch_scale={context_split(length): min(1.0, cfg.seq_len / length) for length in cfg.eval_contexts},
         model_overrides={"vocab_size": tokenizer.vocab_size, "context_length": cfg.seq_len},
         num_train=num_train,
         num_val=num_val,

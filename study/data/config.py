@@ -107,6 +107,16 @@ class _TextSource(_Source):
     shuffle_buffer: int = Field(1024, ge=1, description="sequences in each worker's seeded local shuffle buffer")
     chat_tokens: bool = Field(False, description="the vocabulary also holds nanochat's chat special tokens (ids after "
                                                  "end-of-text): pre-training for later chat stages")
+    eval_contexts: tuple[int, ...] = Field(
+        (), description="also evaluate perplexity at these context lengths (tokens), longer or shorter than seq_len: "
+                        "the validation documents packed into windows of each length, logged as val_ppl_ctx<length>")
+
+    @field_validator("eval_contexts")
+    @classmethod
+    def _distinct_lengths(cls, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        if any(length < 2 for length in lengths) or len(set(lengths)) != len(lengths):
+            raise ValueError(f"distinct context lengths of at least 2 tokens, got {list(lengths)}")
+        return tuple(sorted(lengths))
 
 
 class DigitsConfig(_ImageSource):
@@ -173,20 +183,46 @@ class ImageFolderConfig(_ImageSource):
     in_chans: Literal[1, 3] | None = None
 
 
-class FineWebEduConfig(_TextSource):
+class _HubTextSource(_TextSource):
+    """Text streamed from a hub repository's parquet files, or from a local copy of it."""
+
+    hub_id: str
+    revision: str | None = None
+    local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
+    tokenizer: TokenizerName = "gpt2"
+    text_column: str = "text"
+
+
+class FineWebEduConfig(_HubTextSource):
     """FineWeb-Edu streamed from the hub's parquet files of one named sample."""
 
     source: Literal["fineweb_edu"]
     hub_id: str = "HuggingFaceFW/fineweb-edu"
     sample: str = Field("sample-10BT", description="the hub configuration: sample-10BT, sample-100BT, sample-350BT, default")
-    revision: str | None = None
-    local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
-    tokenizer: TokenizerName = "gpt2"
-    text_column: str = "text"
     val_documents: int = Field(
         10_000, ge=1, description="validation documents, taken from the sample's last parquet file (never trained on)"
     )
     max_train_documents: int | None = Field(None, ge=1, description="cap on training documents (None: the whole sample)")
+
+
+class WikiText103Config(_HubTextSource):
+    """WikiText-103 (raw), the long-context benchmark: the hub's rows are lines; articles (from one level-1 heading
+    to the next) are the documents, trained on and evaluated as the benchmark's splits give them."""
+
+    source: Literal["wikitext103"]
+    hub_id: str = "Salesforce/wikitext"
+    config_name: str = Field("wikitext-103-raw-v1", description="the hub configuration (raw: untokenised text)")
+    val_split: Literal["validation", "test"] = "validation"
+
+
+class PG19Config(_HubTextSource):
+    """PG-19 (Project Gutenberg books before 1919), one book per row: the long-context benchmark at 100k tokens."""
+
+    source: Literal["pg19"]
+    hub_id: str = Field("emozilla/pg19", description="a parquet copy of deepmind/pg19 (whose own repository is a "
+                                                     "loading script, which cannot be streamed)")
+    val_split: Literal["validation", "test"] = "validation"
+    max_train_documents: int | None = Field(None, ge=1, description="cap on training books (None: all 28,602)")
 
 
 class TextFilesConfig(_TextSource):
@@ -382,7 +418,7 @@ class ChatConfig(_TextSource):
 
 
 SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageConfig, ImageFolderConfig,
-                  FineWebEduConfig, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig, ToyTranslationConfig,
+                  FineWebEduConfig, WikiText103Config, PG19Config, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig, ToyTranslationConfig,
                   WMT14Config, ChatConfig)
 DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]
 OFFLINE_SOURCES = ("parquet (local shards), image_folder, text_files, digits, pydoc_text, shapes_segmentation, "

@@ -14,7 +14,7 @@ from study.data.offline import load_digits_task, load_pydoc_text_task
 from study.data.segmentation_sources import load_ade20k, load_shapes_segmentation
 from study.data.task_data import TaskData
 from study.data.text import gpt2_available
-from study.data.text_sources import load_fineweb_edu, load_text_files
+from study.data.text_sources import load_fineweb_edu, load_pg19, load_text_files, load_wikitext103
 from study.data.translation_sources import load_toy_translation, load_wmt14
 from study.errors import UserError, validate
 from study.tasks import task_class
@@ -27,6 +27,8 @@ LOADERS = {
     "parquet": load_parquet_images,
     "image_folder": load_image_folder,
     "fineweb_edu": load_fineweb_edu,
+    "wikitext103": load_wikitext103,
+    "pg19": load_pg19,
     "text_files": load_text_files,
     "ade20k": load_ade20k,
     "shapes_segmentation": load_shapes_segmentation,
@@ -57,7 +59,7 @@ def check_dataset(task: str, config: DatasetConfig) -> DatasetConfig:
         value = getattr(config, field_name, None)
         if value and not any(c in value for c in "*?[") and not os.path.exists(os.path.expanduser(value)):
             raise UserError(f"dataset.{field_name}: {value} does not exist")
-    if config.source in ("hf", "fineweb_edu", "ade20k", "wmt14"):
+    if config.source in ("hf", "fineweb_edu", "wikitext103", "pg19", "ade20k", "wmt14"):
         hub_id = _hub_id(config.name) if config.source == "hf" else config.hub_id
         if local_copy(hub_id, config.local_dir) is None:
             require_hub(config.source, hub_id)

@@ -45,6 +45,9 @@ class TaskData:
     shuffle_buffer: int = 1024
     epoch_clock: Any = field(default=None, repr=False)  # study.data.epoch.EpochSource for random augmentation
     splits: tuple[str, ...] = ()  # the datasets' names (what the workers find as shards)
+    # Evaluated splits whose rows are longer than the training rows, read in proportionally fewer rows per batch
+    # (about the same tokens per batch): {split: rows per batch relative to the validation batch}.
+    eval_batch_scale: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         self.splits = tuple(self.datasets)

@@ -1,4 +1,5 @@
-"""Language-modelling sources: FineWeb-Edu streamed from the hub, and local text / jsonl / parquet files.
+"""Language-modelling sources: FineWeb-Edu, WikiText-103 and PG-19 streamed from the hub, and local text / jsonl /
+parquet files.
 
 Documents are tokenised and packed inside Ray Data (`build.text_task`); nothing is read before the first batch is
 asked for, except the validation document ids of FineWeb-Edu (one column of one file).
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import numpy as np
 import ray
 
 from study.data.build import text_task
-from study.data.config import FineWebEduConfig, TextFilesConfig
+from study.data.config import FineWebEduConfig, PG19Config, TextFilesConfig, WikiText103Config
 from study.data.hub import resolve_parquet_files
 from study.data.task_data import TaskData
 from study.data.text import doc_hash_fraction, resolve_tokenizer
@@ -69,6 +71,57 @@ def load_fineweb_edu(cfg: FineWebEduConfig, seed: int) -> TaskData:
         params={"source": "fineweb_edu", "hub_id": cfg.hub_id, "sample": cfg.sample,
                 "read_from": "local copy" if hub.local else "hub", "val_documents": len(val_ids)},
     )
+
+
+# WikiText's articles start at a level-1 heading line (" = Title = "); its level-2 headings read " = = Section = = ".
+WIKITEXT_ARTICLE = re.compile(r"^ = [^=].* = $")
+WIKITEXT_LINES_PER_TASK = 20_000  # lines joined into articles per Ray Data task: about 70 articles
+BOOKS_PER_TASK = 8  # PG-19 books tokenised per task: a book is about 400 kB of text
+
+
+def wikitext_articles(batch: dict, column: str) -> dict:
+    """Consecutive lines joined into articles, a new one at each level-1 heading. An article cut by a task's batch
+    boundary becomes two documents (one end-of-text between them): about one article in seventy."""
+    articles, current = [], []
+    for line in batch[column]:
+        if WIKITEXT_ARTICLE.match(line.rstrip("\n")) and current:
+            articles.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        articles.append("".join(current))
+    return {column: np.array([a for a in articles if a.strip()], dtype=object)}
+
+
+def load_wikitext103(cfg: WikiText103Config, seed: int) -> TaskData:
+    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)  # fail on the tokenizer before the network
+    hub = resolve_parquet_files(cfg.hub_id, config_name=cfg.config_name, revision=cfg.revision,
+                                local_dir=cfg.local_dir, source="wikitext103", what=f"{cfg.hub_id} ({cfg.config_name})")
+
+    def articles(split: str, field_name: str):
+        lines = ray.data.read_parquet(hub.files(split, field_name), filesystem=hub.filesystem,
+                                      columns=[cfg.text_column])
+        return lines.map_batches(wikitext_articles, fn_kwargs={"column": cfg.text_column},
+                                 batch_size=WIKITEXT_LINES_PER_TASK, batch_format="numpy")
+
+    return text_task(cfg, articles("train", "source"), articles(cfg.val_split, "val_split"), tokenizer=tokenizer,
+                     text_column=cfg.text_column,
+                     params={"source": "wikitext103", "hub_id": cfg.hub_id, "config": cfg.config_name,
+                             "val_split": cfg.val_split, "read_from": "local copy" if hub.local else "hub"})
+
+
+def load_pg19(cfg: PG19Config, seed: int) -> TaskData:
+    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
+    hub = resolve_parquet_files(cfg.hub_id, config_name=None, revision=cfg.revision, local_dir=cfg.local_dir,
+                                source="pg19", what=cfg.hub_id)
+    read = lambda files: ray.data.read_parquet(files, filesystem=hub.filesystem, columns=[cfg.text_column])  # noqa: E731
+    train = read(_seeded_order(hub.files("train", "source"), seed))
+    if cfg.max_train_documents:
+        train = train.limit(cfg.max_train_documents)
+    return text_task(cfg, train, read(hub.files(cfg.val_split, "val_split")), tokenizer=tokenizer,
+                     text_column=cfg.text_column, docs_per_batch=BOOKS_PER_TASK,
+                     params={"source": "pg19", "hub_id": cfg.hub_id, "val_split": cfg.val_split,
+                             "read_from": "local copy" if hub.local else "hub"})
 
 
 def _text_paths(path: str, field_name: str) -> tuple[list[str], str]:

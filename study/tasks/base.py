@@ -112,8 +112,9 @@ class Task(ABC):
     evaluate_before_training: ClassVar[bool] = False
 
     @classmethod
-    def epoch_metrics(cls) -> tuple[str, ...]:
-        """What every epoch reports: the metrics a sampler or ASHA may optimise."""
+    def epoch_metrics(cls, dataset=None) -> tuple[str, ...]:
+        """What every epoch reports: the metrics a sampler or ASHA may optimise (with `dataset`, a DatasetConfig,
+        also those its data adds)."""
         return (*cls.quality_metrics, "train_loss", *(f"{name}_per_s" for name in cls.throughput), "num_params")
 
     @classmethod
@@ -145,7 +146,8 @@ class Task(ABC):
 
     def setup(self, eval_batches: Callable[[str], Iterable[dict]]) -> None:
         """Once per worker before the first epoch; `eval_batches(split)` streams this worker's shard of an
-        evaluated split ("val", or another its data gives), as evaluated."""
+        evaluated split ("val", or another its data gives: `eval_batches.names`), as evaluated (study/loop.py's
+        EvalSplits)."""
 
     # ---- training -------------------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Language modelling (the GPT): next-token cross-entropy; validation loss in nats and in bits per UTF-8 byte; the
+"""Language modelling (the GPT): next-token cross-entropy; validation loss in nats, perplexity and bits per UTF-8
+byte; perplexity at other context lengths where the data packs validation windows of them (`eval_contexts`); the
 token geometry grouped by next-token target ("language collapse")."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from models.geometry import GeometryAccumulator, most_frequent_targets
-from study.tasks.base import GeometryPictures, Task
+from study.tasks.base import Evaluation, GeometryPictures, Task
 
 
 IGNORE_INDEX = -1  # a target not trained on nor evaluated (chat data outside the assistant's replies, as nanochat)
@@ -27,18 +28,40 @@ def language_model_sums(logits: torch.Tensor, targets: torch.Tensor, target_byte
                         target_bytes.flatten()[carries_bytes].sum().double()]).cpu()
 
 
+CONTEXT_SPLIT = "val_ctx"  # + a length: the split of the validation documents in windows of that many tokens
+
+
+def context_split(length: int) -> str:
+    """The split the data makes for a context length (study/data/build.py: `eval_contexts`)."""
+    return f"{CONTEXT_SPLIT}{length}"
+
+
+def context_metric(length: int) -> str:
+    """Validation perplexity with windows of `length` tokens (every target sees up to that many before it)."""
+    return f"val_ppl_ctx{length}"
+
+
+def perplexity(loss_sum: float, targets: float) -> float:
+    return math.exp(loss_sum / targets) if targets else math.nan
+
+
 class LanguageModeling(Task):
     name = "language_modeling"
     model_family = "gpt"
     data_kind = "text"
     input_key = "input_ids"
     sum_names = ("loss", "targets", "byte_loss", "bytes")
-    quality_metrics = ("val_bpb", "val_loss")
+    quality_metrics = ("val_bpb", "val_loss", "val_ppl")
     throughput = ("samples", "tokens")
     geometry_metrics = ("total_var", "within_seq_var", "pcs99", "within_target_var", "between_target_var",
                         "between_target_frac", "target_nc1", "target_total_var")
     layer_geometry_metrics = ("within_target_var", "between_target_var", "between_target_frac", "target_nc1")
     report_geometry = ("between_target_frac", "target_nc1", "within_seq_var")
+
+    @classmethod
+    def epoch_metrics(cls, dataset=None) -> tuple[str, ...]:
+        return (*super().epoch_metrics(dataset),
+                *(context_metric(length) for length in getattr(dataset, "eval_contexts", ())))
 
     def setup(self, eval_batches):
         """The K most frequent next-token targets of the validation split (all workers): the language-collapse
@@ -51,6 +74,24 @@ class LanguageModeling(Task):
         counts = self.worker.all_reduce(counts)
         ids = torch.repeat_interleave(torch.arange(vocab), counts.long())
         self.top_targets = most_frequent_targets(ids, self.geometry.top_targets).to(self.worker.device)
+        self.eval_batches = eval_batches
+        self.contexts = sorted(int(name.removeprefix(CONTEXT_SPLIT)) for name in eval_batches.names
+                               if name.startswith(CONTEXT_SPLIT))
+
+    def evaluate(self, batches, *, autocast, geometry: bool) -> Evaluation:
+        """The validation pass, then the perplexity at each context length of the data (the same documents in
+        windows of that length; positions past the trained context are the model's to extrapolate)."""
+        evaluation = super().evaluate(batches, autocast=autocast, geometry=geometry)
+        for length in self.contexts:
+            sums = torch.zeros(len(self.sum_names), dtype=torch.float64)
+            with torch.no_grad():
+                for batch in self.eval_batches(context_split(length)):
+                    with autocast:
+                        logits = self.model(batch["input_ids"])
+                    sums += self.eval_sums(logits.float(), batch)
+            loss, targets = self.worker.all_reduce(sums).tolist()[:2]
+            evaluation.metrics[context_metric(length)] = perplexity(loss, targets)
+        return evaluation
 
     def loss(self, model, batch):
         logits = model(batch["input_ids"])
@@ -64,7 +105,7 @@ class LanguageModeling(Task):
         return language_model_sums(logits, batch["targets"], batch["target_bytes"])
 
     def eval_metrics(self, sums):
-        return {"val_loss": sums["loss"] / sums["targets"],
+        return {"val_loss": sums["loss"] / sums["targets"], "val_ppl": perplexity(sums["loss"], sums["targets"]),
                 "val_bpb": sums["byte_loss"] / (math.log(2) * sums["bytes"])}
 
     def new_accumulator(self, layer=False):
