@@ -45,8 +45,7 @@ import models
 from models.geometry import GeometryAccumulator
 from study.data.config import DigitsConfig
 from study.optim import build_optimizer, build_schedule
-from study.runspec import RunSpec, slow_lr_scale
-from study.train import load_run_spec
+from study.runspec import RunSpec, load_run_spec, slow_lr_scale
 from study.worker import seed_everything
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,6 +16,7 @@ from ray import tune
 from study.callbacks import CloseTrialRuns, StudyProgress
 from study.data import TaskData, check_dataset
 from study.errors import UserError
+from study.evals.evaluate import check_evaluation_tasks
 from study.folder import SPACE_FILE, StudyFolder, StudyRecord
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial, trial_driver_resources
@@ -163,6 +164,9 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
         space.check_configs(before_data=True)
         for stage in space.stages:
             check_dataset(stage.task, stage.dataset or space.dataset)
+        for evaluation in [space.evaluate, *(stage.evaluate for stage in space.stages)]:
+            if evaluation is not None:
+                check_evaluation_tasks(evaluation)
         return
 
     def fits_the_data(hyperparameters):

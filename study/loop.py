@@ -25,6 +25,7 @@ import models
 from study.optim import build_optimizer, build_schedule, peak_lr
 from study.plots import draw_geometry, draw_layer_history
 from study.data.task_data import TRAIN
+from study.evals.evaluate import evaluate_stage
 from study.host import InProcessHost, TrainWorkerHost
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import CHECKPOINT_FILE, TrainState
@@ -122,6 +123,11 @@ def train_loop_per_worker(loop_config: dict) -> dict:
                                            geometry=spec.geometry.due(epoch, spec.epochs))
                 metrics.update(evaluation.metrics, eval_s=time.perf_counter() - evaluated, **model.mixer_stats())
                 pictures = evaluation.pictures
+                if epoch == spec.epochs and spec.evaluate is not None and worker.rank == 0:
+                    # The stage's benchmarks on the model it ended with (rank 0: the others wait at the report).
+                    evaluated = time.perf_counter()
+                    metrics.update(evaluate_stage(model, spec.evaluate, spec.dataset, seed=spec.seed),
+                                   benchmark_s=time.perf_counter() - evaluated)
             else:
                 # Stop at once: retrying from the checkpoint would diverge the same way. The study marks it failed.
                 metrics.update({name: math.nan for name in task.quality_metrics}, diverged=1,

@@ -9,6 +9,8 @@ keys (`TrainConfig` below) to the training loop.
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -18,6 +20,7 @@ from models.stlt import stlt_config
 from study.data import DatasetConfig
 from study.errors import UserError, validate
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
+from study.yamlio import load_yaml
 
 
 class TrainConfig(BaseModel):
@@ -77,6 +80,35 @@ class Resources(BaseModel):
         return max(1, int(self.cpus_per_worker))
 
 
+class EvaluationSpec(BaseModel):
+    """Benchmarks a language-model stage is evaluated on when it ends (study/evals: lm-evaluation-harness, and
+    HumanEval in the sandbox), logged as eval_<task>_<metric> with the stage's last epoch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks: list[str] = Field(min_length=1, description="lm_eval task names (arc_easy, arc_challenge, mmlu, gsm8k, "
+                                                       "...) and humaneval")
+    include_path: list[str] = Field(default_factory=list, description="folders of lm_eval task configs (relative: to "
+                                                                      "the space or run config), which take precedence")
+    limit: int | None = Field(None, ge=1, description="the first N examples of each task (None: all)")
+    num_fewshot: int | None = Field(None, ge=0, description="few-shot examples (None: each task's own)")
+    chat: bool = Field(False, description="format prompts with the chat template (an SFT model)")
+    allow_code_execution: bool = Field(False, description="humaneval runs generated code (in the sandbox): opt in")
+    num_samples: int = Field(1, ge=1, description="humaneval samples per problem (pass@k up to it)")
+    temperature: float = Field(0.0, ge=0, description="humaneval sampling temperature")
+
+    @model_validator(mode="after")
+    def _code_execution_opted_in(self):
+        if "humaneval" in self.tasks and not self.allow_code_execution:
+            raise ValueError("tasks: humaneval executes the code the model writes; set allow_code_execution: true "
+                             "to run it (in the sandbox, docs/evals.md)")
+        return self
+
+    def relative_to(self, base: Path) -> "EvaluationSpec":
+        return self.model_copy(update={"include_path": [os.path.join(base, os.path.expanduser(p))
+                                                        for p in self.include_path]})
+
+
 class StageSpec(BaseModel):
     """A later stage of every run: trained after the stage before it, from what that stage carries forward (its
     model, or the backbone it trained), under the run's one MLflow run, its metrics named `<stage>/<metric>`."""
@@ -90,8 +122,14 @@ class StageSpec(BaseModel):
     hyperparameters: dict[str, Any] = Field(default_factory=dict, description="over the run's model and training "
                                                                                "keys: what this stage changes")
     geometry: GeometrySpec | None = Field(None, description="its geometry settings (default: the run's)")
+    evaluate: EvaluationSpec | None = Field(None, description="benchmarks when the stage ends (language models)")
 
     _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+
+    def relative_to(self, base: Path) -> "StageSpec":
+        """Its relative paths (data, evaluation task folders) read from `base`."""
+        return self.model_copy(update={"dataset": self.dataset.relative_to(base) if self.dataset else None,
+                                       "evaluate": self.evaluate.relative_to(base) if self.evaluate else None})
 
 
 class RunSpec(BaseModel):
@@ -107,6 +145,7 @@ class RunSpec(BaseModel):
     geometry: GeometrySpec = GeometrySpec()
     resources: Resources = Resources()
     stages: list[StageSpec] = Field(default_factory=list, description="what the run trains after this, in order")
+    evaluate: EvaluationSpec | None = Field(None, description="benchmarks when its first stage ends (language models)")
     provenance: dict[str, Any] = Field(default_factory=dict, description="where the run came from (study, trial...)")
 
     _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
@@ -117,6 +156,7 @@ class RunSpec(BaseModel):
         check_hyperparameter_names(self.hyperparameters, "hyperparameters")
         check_loss(self.hyperparameters.get("loss", "ce"), self.task, self.dataset, "hyperparameters.loss")
         check_stages(self.stages)
+        check_evaluation(self.task, self.evaluate, "evaluate")
         for i, stage in enumerate(self.stages):
             check_data_kind(stage.task, stage.dataset or self.dataset, f"stages[{i}].dataset")
             check_hyperparameter_names(stage.hyperparameters, f"stages[{i}].hyperparameters")
@@ -139,7 +179,7 @@ class RunSpec(BaseModel):
             runs.append((stage.name, offset, self.model_copy(update={
                 "task": stage.task, "epochs": stage.epochs, "dataset": stage.dataset or self.dataset,
                 "hyperparameters": {**kept, **stage.hyperparameters}, "geometry": stage.geometry or self.geometry,
-                "stages": []})))
+                "evaluate": stage.evaluate, "stages": []})))
             offset += stage.epochs
         return runs
 
@@ -165,6 +205,24 @@ def check_stages(stages: list[StageSpec]) -> None:
     names = [stage.name for stage in stages]
     if len(set(names)) != len(names):
         raise ValueError(f"stages: each stage name once, got {names}")
+    for i, stage in enumerate(stages):
+        check_evaluation(stage.task, stage.evaluate, f"stages[{i}].evaluate")
+
+
+def check_evaluation(task: str, evaluation: EvaluationSpec | None, where: str) -> None:
+    if evaluation is not None and task != "language_modeling":
+        raise ValueError(f"{where}: benchmarks evaluate language models (task language_modeling), not {task}")
+
+
+def load_run_spec(path: Path) -> RunSpec:
+    """A run config file (exported by a study, or written by hand); its relative paths read from its folder."""
+    data = load_yaml(path, "run config")
+    if not isinstance(data, dict):
+        raise UserError(f"run config {path}: must be a mapping (task, dataset, epochs, seed, hyperparameters, ...)")
+    spec = validate(RunSpec, data, prefix=f"run config {path}: ")
+    return spec.model_copy(update={"dataset": spec.dataset.relative_to(path.parent),
+                                   "evaluate": spec.evaluate.relative_to(path.parent) if spec.evaluate else None,
+                                   "stages": [stage.relative_to(path.parent) for stage in spec.stages]})
 
 
 def check_data_kind(task: str, dataset, where: str) -> None:

@@ -18,12 +18,14 @@ from study.data import DatasetConfig
 from study.errors import UserError, validate
 from study.runspec import (
     HYPERPARAMETER_KEYS,
+    EvaluationSpec,
     Resources,
     RunSpec,
     StageSpec,
     apply_data_overrides,
     check_hyperparameter_names,
     check_data_kind,
+    check_evaluation,
     check_loss,
     check_run_config,
     check_stages,
@@ -207,6 +209,8 @@ class SearchSpace(_Strict):
     points_to_evaluate: list[dict[str, Scalar]] = Field(default_factory=list)
     stages: list[StageSpec] = Field(default_factory=list, description="what every trial trains after its first "
                                                                       "stage, in order (docs/study.md, stages)")
+    evaluate: EvaluationSpec | None = Field(None, description="benchmarks when the first stage ends (language "
+                                                              "models; a later stage has its own evaluate)")
 
     _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
     _sampler = field_validator("sampler", "scheduler", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
@@ -313,6 +317,7 @@ class SearchSpace(_Strict):
         if self.multi_objective and self.scheduler.kind != "none":
             raise ValueError("scheduler: asha stops trials on one metric; with several metrics use scheduler: none")
         check_stages(self.stages)
+        check_evaluation(self.task, self.evaluate, "evaluate")
         if self.scheduler.kind == "asha" and "/" in self.metrics[0]:
             raise ValueError(f"scheduler: asha judges trials during their first stage; {self.metrics[0]} is reported "
                              "by a later one: use scheduler: none")
@@ -450,6 +455,7 @@ class SearchSpace(_Strict):
             hyperparameters=hyperparameters,
             geometry=self.geometry.model_copy(update={"at_epochs": self.judged_epochs()}),
             stages=self.stages,
+            evaluate=self.evaluate,
             resources=resources,
             provenance=provenance or {},
         )
@@ -576,6 +582,6 @@ def load_space(path: Path, base: Path | None = None) -> SearchSpace:
     so a space works from wherever lapstudy runs)."""
     space = parse_space(load_yaml(path, "search space"), f"search space {path}")
     base = base or Path(path).parent
-    stages = [stage.model_copy(update={"dataset": stage.dataset.relative_to(base)}) if stage.dataset else stage
-              for stage in space.stages]
-    return space.model_copy(update={"dataset": space.dataset.relative_to(base), "stages": stages})
+    return space.model_copy(update={"dataset": space.dataset.relative_to(base),
+                                    "evaluate": space.evaluate.relative_to(base) if space.evaluate else None,
+                                    "stages": [stage.relative_to(base) for stage in space.stages]})

@@ -10,28 +10,18 @@ from pathlib import Path
 import ray
 
 from study.data import TaskData, load_task_data
-from study.errors import UserError, validate
+from study.evals.evaluate import check_evaluation_tasks
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial
-from study.runspec import Resources, RunSpec, check_run_config, complete_hyperparameters
+from study.runspec import Resources, check_run_config, complete_hyperparameters, load_run_spec
 from study.status import TrialStatus, trial_status
 from study.tasks import task_class
 from study.stages import run_stages
 from study.tracking import TrackingTarget, close_run, open_experiment, redact
 from study.trainer import RunSetup, plan_run
-from study.yamlio import dump_yaml, load_yaml
+from study.yamlio import dump_yaml
 
 EXPERIMENT = "lapstudy-train"
-
-
-def load_run_spec(path: Path) -> RunSpec:
-    data = load_yaml(path, "run config")
-    if not isinstance(data, dict):
-        raise UserError(f"run config {path}: must be a mapping (task, dataset, epochs, seed, hyperparameters, ...)")
-    spec = validate(RunSpec, data, prefix=f"run config {path}: ")
-    stages = [stage.model_copy(update={"dataset": stage.dataset.relative_to(path.parent)}) if stage.dataset else stage
-              for stage in spec.stages]
-    return spec.model_copy(update={"dataset": spec.dataset.relative_to(path.parent), "stages": stages})
 
 
 def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: str | None,
@@ -44,8 +34,11 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
     where = f"run config {path}: hyperparameters"
 
     def check_configs(task_data: TaskData | None) -> None:
-        if task_data is None:  # the model and training keys that need no data
+        if task_data is None:  # the model and training keys that need no data, the benchmarks' tasks
             check_run_config(spec.hyperparameters, spec.task, where=where, before_data=True)
+            for evaluation in [spec.evaluate, *(stage.evaluate for stage in spec.stages)]:
+                if evaluation is not None:
+                    check_evaluation_tasks(evaluation)
         else:
             complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
             plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data.num_train)

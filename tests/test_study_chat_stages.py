@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study_fixtures import metric_history, one_trial_study, ray_address  # noqa: F401
+from study_fixtures import lapstudy, metric_history, one_trial_study, ray_address, write_yaml  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +38,22 @@ SPACE = {**SHIPPED, "name": "chat", "epochs": PRETRAIN, "parameters": {"max_coun
                      "hyperparameters": {**sft["hyperparameters"], "steps_per_epoch": 3}}]}
 
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "evals"
+BENCHMARK = {"tasks": ["arc_easy"], "limit": 8, "chat": True}
+
+
 @pytest.fixture(scope="module")
 def chat_study(tmp_path_factory, ray_address):
-    return one_trial_study(tmp_path_factory.mktemp("chat"), SPACE, ray_address, timeout=600)
+    root = tmp_path_factory.mktemp("chat")
+    # lm_eval's arc_easy over the shipped ARC rows; its data file absolute, as a trial runs in its own folder.
+    tasks = root / "eval_tasks"
+    tasks.mkdir()
+    task = yaml.safe_load((FIXTURES / "arc_easy.yaml").read_text())
+    task["dataset_kwargs"]["data_files"]["test"] = str(FIXTURES / "arc.jsonl")
+    write_yaml(tasks / "arc_easy.yaml", task)
+    stages = [*SPACE["stages"][:-1], {**SPACE["stages"][-1], "evaluate": {**BENCHMARK, "include_path": ["eval_tasks"]}}]
+    study = one_trial_study(root, {**SPACE, "stages": stages}, ray_address, timeout=600)
+    return {**study, "root": root, "tasks": tasks}
 
 
 def test_three_stages_log_their_metrics_under_their_names(chat_study):
@@ -59,3 +72,22 @@ def test_three_stages_log_their_metrics_under_their_names(chat_study):
     params = chat_study["run"].data.params
     assert params["optimizer"] == "nanochat" and params["vocab_size"] == "265"
     assert chat_study["run"].data.tags["lapstudy.status"] == "completed"
+
+
+def test_sft_ends_with_its_benchmark_scored_as_lapstudy_eval_scores_its_checkpoint(chat_study):
+    """The space's `evaluate:` of the SFT stage: lm_eval's arc_easy (over local rows), chat-formatted, on the model
+    the stage ended with, logged at the stage's last epoch; `lapstudy eval` of that checkpoint gives the same."""
+    last = PRETRAIN + MIDTRAIN + SFT
+    [(step, accuracy)] = metric_history(chat_study["uri"], chat_study["run"].info.run_id, "sft/eval_arc_easy_acc")
+    assert step == last and 0.0 <= accuracy <= 1.0
+    final = chat_study["rows"][-1]
+    assert final["sft/eval_arc_easy_acc"] == accuracy and final["sft/benchmark_s"] > 0
+    assert not metric_history(chat_study["uri"], chat_study["run"].info.run_id, "midtrain/eval_arc_easy_acc")
+    config = chat_study["root"] / "studies" / "chat" / "trials" / f"{final['trial_id']}.yaml"
+    scored = lapstudy("eval", config, "--checkpoint", final["checkpoint_path"], "--tasks", "arc_easy",
+                      "--include-path", chat_study["tasks"], "--limit", BENCHMARK["limit"], "--chat",
+                      cwd=chat_study["root"])
+    assert scored.returncode == 0, scored.stdout[-2000:] + scored.stderr[-2000:]
+    printed = {line.split(":")[0]: float(line.split(":")[1]) for line in scored.stdout.splitlines()
+               if line.startswith("eval_")}
+    assert printed["eval_arc_easy_acc"] == pytest.approx(accuracy, abs=5e-7)  # printed to 6 decimals

@@ -79,7 +79,45 @@ BAD_SPACES = [
     (lambda d: d["fixed"].update(num_classes=7), ["fixed.num_classes", "dataset fixes it to 10"]),
     (lambda d: d["fixed"].update(preset="vit_b16"), ["patch_size", "image_size=8 (from the dataset)"]),
     (lambda d: d.update(extra_field=1), ["extra_field", "not a known field"]),
+    (lambda d: d.update(evaluate={"tasks": ["arc_easy"]}), ["evaluate", "language models", "classification"]),
 ]
+
+
+def _language_model_space(**changes) -> dict:
+    return {**yaml.safe_load((REPO / "search_spaces" / "quickstart_lm.yaml").read_text()), **changes}
+
+
+@pytest.mark.parametrize("evaluate, words", [
+    ({"tasks": ["humaneval"]}, ["evaluate", "allow_code_execution: true"]),
+    ({"tasks": []}, ["evaluate.tasks", "at least 1"]),
+    ({"tasks": ["mmlu"], "limit": 0}, ["evaluate.limit"]),
+])
+def test_bad_benchmarks_fail_with_one_line_naming_the_field(evaluate, words):
+    with pytest.raises(UserError) as info:
+        parse_space(_language_model_space(evaluate=evaluate))
+    message = str(info.value)
+    assert "\n" not in message and all(word in message for word in words), message
+
+
+def test_a_hub_benchmark_offline_fails_before_anything_starts_naming_include_path(monkeypatch):
+    from study.evals.evaluate import check_evaluation_tasks
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    space = parse_space(_language_model_space(evaluate={"tasks": ["arc_challenge"]}))
+    with pytest.raises(UserError, match="arc_challenge.*--include-path"):
+        check_evaluation_tasks(space.evaluate)
+
+
+def test_benchmark_task_folders_are_read_from_the_space_files_folder(tmp_path):
+    space = _language_model_space(evaluate={"tasks": ["arc_easy"], "include_path": ["tasks", "~/more"]},
+                                  stages=[{"name": "again", "task": "language_modeling", "epochs": 1,
+                                           "evaluate": {"tasks": ["mmlu"], "include_path": ["../shared"]}}])
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    loaded = load_space(tmp_path / "space.yaml")
+    assert loaded.evaluate.include_path == [str(tmp_path / "tasks"), str(Path("~/more").expanduser())]
+    assert loaded.stages[0].evaluate.include_path == [str(tmp_path / "../shared")]
+    spec = loaded.run_spec(loaded.resolve({"lr": 1e-3, "schedule": "uniform", "k": 0}), Resources())
+    assert [run.evaluate for _, _, run in spec.stage_runs()] == [loaded.evaluate, loaded.stages[0].evaluate]
 
 
 @pytest.mark.parametrize("change, words", BAD_SPACES, ids=[str(i) for i in range(len(BAD_SPACES))])

@@ -17,8 +17,10 @@ from pathlib import Path
 from study.data.hub import hub_reachable
 from study.errors import UserError
 from study.evals.harness import LapstudyLM
+from study.evals.load import tokenizer_for
 from study.evals.humaneval import evaluate_humaneval, find_problem_file, load_problems
 from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
+from study.runspec import EvaluationSpec
 
 HUMANEVAL = "humaneval"
 
@@ -100,4 +102,25 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
     return dict(sorted(metrics.items()))
 
 
-__all__ = ["ALLOW_FLAG", "HUMANEVAL", "evaluate_model", "harness_task_manager", "metric_name"]
+def check_evaluation_tasks(evaluation: EvaluationSpec) -> None:
+    """What can fail before anything trains: an unknown task, a hub task offline, a missing HumanEval file."""
+    include_path = [Path(p) for p in evaluation.include_path]
+    harness_tasks = [t for t in evaluation.tasks if t != HUMANEVAL]
+    if harness_tasks:
+        harness_task_manager(harness_tasks, include_path)
+    if HUMANEVAL in evaluation.tasks:
+        load_problems(find_problem_file(include_path))
+
+
+def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int,
+                   log: Callable[[str], None] = print) -> dict[str, float]:
+    """A stage's benchmarks (its `evaluate:`) on the model it trained, read with its data's tokenizer."""
+    tokenizer = tokenizer_for(dataset, model.config.vocab_size, "evaluate")
+    return evaluate_model(model, tokenizer, evaluation.tasks, include_path=evaluation.include_path,
+                          limit=evaluation.limit, allow_code_execution=evaluation.allow_code_execution,
+                          num_samples=evaluation.num_samples, temperature=evaluation.temperature,
+                          num_fewshot=evaluation.num_fewshot, apply_chat_template=evaluation.chat, seed=seed, log=log)
+
+
+__all__ = ["ALLOW_FLAG", "HUMANEVAL", "check_evaluation_tasks", "evaluate_model", "evaluate_stage",
+           "harness_task_manager", "metric_name"]

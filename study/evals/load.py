@@ -12,6 +12,7 @@ A checkpoint is a `state.pt` file (study/state.py), a Ray checkpoint folder hold
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ import torch
 import models
 from study.data.text import Tokenizer, resolve_tokenizer
 from study.errors import UserError
-from study.train import load_run_spec
+from study.runspec import load_run_spec
 
 CHECKPOINT_FILE = "state.pt"  # study/state.py's (not imported: that module imports Ray)
 
@@ -59,16 +60,23 @@ def load_model(config: str | Path, checkpoint: str | Path | None = None, device:
     if missing or unexpected:
         raise UserError(f"--checkpoint: {state_path} does not fit the model of {config_path} (missing "
                         f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
-    vocab = model.config.vocab_size
-    kind = getattr(spec.dataset, "tokenizer", "byte")
-    if vocab == Tokenizer("byte").vocab_size:
-        tokenizer = Tokenizer("byte")
-    else:
-        tokenizer = resolve_tokenizer("gpt2" if kind == "auto" else kind, getattr(spec.dataset, "tokenizer_file", None))
-        if tokenizer.vocab_size > vocab:
-            raise UserError(f"run config {config_path}: dataset.tokenizer {tokenizer.name} has {tokenizer.vocab_size} "
-                            f"tokens but the model has vocab_size {vocab}")
+    tokenizer = tokenizer_for(spec.dataset, model.config.vocab_size, f"run config {config_path}")
     return model.to(device).eval(), tokenizer, spec
+
+
+def tokenizer_for(dataset, vocab: int, where: str) -> Tokenizer:
+    """The tokenizer a model trained on `dataset` reads (with the chat tokens where its vocabulary holds them)."""
+    chat = bool(getattr(dataset, "chat_tokens", False))
+    byte = dataclasses.replace(Tokenizer("byte"), chat=chat)
+    if vocab == byte.vocab_size:
+        return byte
+    kind = getattr(dataset, "tokenizer", "byte")
+    tokenizer = dataclasses.replace(resolve_tokenizer("gpt2" if kind == "auto" else kind,
+                                                      getattr(dataset, "tokenizer_file", None)), chat=chat)
+    if tokenizer.vocab_size > vocab:
+        raise UserError(f"{where}: dataset.tokenizer {tokenizer.name} has {tokenizer.vocab_size} tokens but the model "
+                        f"has vocab_size {vocab}")
+    return tokenizer
 
 
 def _state_file(path: Path) -> Path:
