@@ -24,6 +24,18 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+class WarmupInverseSqrt:
+    """lr factor at optimiser step s (step n = s + 1): min(n / warmup, sqrt(warmup / n)), the Transformer's
+    d^-0.5 min(n^-0.5, n warmup^-1.5) divided by its peak d^-0.5 warmup^-0.5 (so `lr` is the peak)."""
+
+    def __init__(self, warmup: int):
+        self.warmup = max(1, warmup)
+
+    def __call__(self, step: int) -> float:
+        n = step + 1
+        return min(n / self.warmup, math.sqrt(self.warmup / n))
+
+
 class NanochatOptimizer:
     """nanochat's two optimisers as the one the training loop steps, zeroes and checkpoints: AdamW (embedding, head)
     then Muon (the blocks' matrices), as base_train.py steps them. Their groups carry `initial_lr` and no `lr_scale`:
@@ -100,15 +112,19 @@ def build_optimizer(model, train: TrainConfig, slow_scale: float):
 
 
 def build_schedule(optimizer, train: TrainConfig, steps_per_epoch: int, epochs: int):
-    """Warm-up then cosine over the whole run, stepped once per optimiser step; nanochat's warm-up, flat, linear
+    """Warm-up then cosine over the whole run (or `lr_decay: inverse_sqrt`), stepped once per optimiser step;
+    nanochat's warm-up, flat, linear
     warm-down (`NanochatSchedule`) for its optimiser, `warmup_epochs` its warm-up, `min_lr_ratio` its final_lr_frac."""
     if isinstance(optimizer, NanochatOptimizer):
         total = steps_per_epoch * epochs
         return NanochatSchedule(optimizer, total, warmup_ratio=train.warmup_epochs * steps_per_epoch / total,
                                 warmdown_ratio=train.warmdown_ratio, final_lr_frac=train.min_lr_ratio,
                                 momentum_warmup=train.muon_momentum_warmup)
-    schedule = WarmupCosine(round(train.warmup_epochs * steps_per_epoch), steps_per_epoch * epochs, train.min_lr_ratio)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    warmup = round(train.warmup_epochs * steps_per_epoch)
+    if train.lr_decay == "inverse_sqrt":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupInverseSqrt(warmup))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, steps_per_epoch * epochs,
+                                                                     train.min_lr_ratio))
 
 
 def peak_lr(optimizer) -> float:

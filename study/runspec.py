@@ -41,6 +41,9 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(64, ge=1, description="global batch size (split evenly over the data-parallel workers)")
     warmup_epochs: float = Field(0.0, ge=0, description="linear warm-up length in epochs (fractions allowed)")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine decay ends at this fraction of the peak lr")
+    lr_decay: Literal["cosine", "inverse_sqrt"] = Field(
+        "cosine", description="after the warm-up: cosine to min_lr_ratio at the run's end, or inverse_sqrt: "
+                              "lr * sqrt(warm-up steps / step), the Transformer's (Vaswani et al. 2017, 5.3)")
     grad_clip: float = Field(1.0, ge=0, description="clip the global gradient norm to this value (0: off)")
     steps_per_epoch: int | None = Field(
         None, ge=1, description="optimiser steps per epoch (required for streamed data of unknown length)"
@@ -58,6 +61,12 @@ class TrainConfig(BaseModel):
     loss: Literal["ce", "bce"] = Field(
         "ce", description="classification: cross-entropy, or binary cross-entropy on the (mixed) targets > 0 as "
                           "DeiT III trains ImageNet-1k (facebookresearch/deit engine.py, main.py --bce-loss)")
+
+    @model_validator(mode="after")
+    def _inverse_sqrt_after_a_warmup(self):
+        if self.lr_decay == "inverse_sqrt" and self.warmup_epochs == 0 and self.optimizer != "nanochat":
+            raise ValueError("lr_decay: inverse_sqrt decays from the end of the warm-up; set warmup_epochs > 0")
+        return self
 
 
 TRAIN_KEYS: frozenset[str] = frozenset(TrainConfig.model_fields)

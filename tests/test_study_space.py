@@ -18,7 +18,7 @@ from study.optim import WarmupCosine
 from study.resources import trains_in_trial, trial_concurrency, trial_driver_resources
 from study.results import TrialRecord, best_records
 from study.status import TrialStatus
-from study.runspec import Resources, complete_hyperparameters
+from study.runspec import Resources, check_run_config, complete_hyperparameters
 from study.search import DefineByRun, make_sampler, make_scheduler
 from study.space import load_space, parse_space
 from study.yamlio import parse_yaml
@@ -225,6 +225,29 @@ def test_warmup_cosine_schedule():
     assert schedule(4) == 1.0
     assert math.isclose(schedule(12), 0.1 + 0.9 * 0.5, rel_tol=1e-12)  # half-way through the decay
     assert math.isclose(schedule(20), 0.1) and math.isclose(schedule(25), 0.1)
+
+
+def test_inverse_sqrt_schedule_is_the_transformers_divided_by_its_peak():
+    """Vaswani et al. 2017, 5.3: lrate = d^-0.5 min(n^-0.5, n warmup^-1.5) at step n; with `lr` its peak."""
+    import torch
+
+    from study.optim import build_schedule
+    from study.runspec import train_config
+
+    d, warmup, peak = 512, 40, 7e-4
+    train = train_config({"lr": peak, "warmup_epochs": 4, "lr_decay": "inverse_sqrt"})
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    schedule = build_schedule(optimizer, train, steps_per_epoch=10, epochs=50)
+    paper_peak = d ** -0.5 * warmup ** -0.5
+    for n in range(1, 500):  # the lr that step n (1-based) runs at
+        paper = d ** -0.5 * min(n ** -0.5, n * warmup ** -1.5)
+        assert math.isclose(optimizer.param_groups[0]["lr"], peak * paper / paper_peak, rel_tol=1e-12), n
+        optimizer.step()
+        schedule.step()
+    assert math.isclose(max(peak * d ** -0.5 * min(n ** -0.5, n * warmup ** -1.5) / paper_peak for n in range(1, 500)),
+                        peak)
+    with pytest.raises(UserError, match="lr_decay: inverse_sqrt.*warmup_epochs > 0"):
+        check_run_config({"lr_decay": "inverse_sqrt"}, "classification", where="hyperparameters")
 
 
 def test_pareto_set_is_exactly_the_non_dominated_trials():

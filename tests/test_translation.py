@@ -19,6 +19,9 @@ import yaml
 from study.data.translation import (BOS, EOS, PAD, SOURCE_PLURAL, VERB_AGREEMENT, ToyLanguage, TranslationBatches,
                                     Vocabulary, encode_pairs)
 from study.errors import UserError
+from study.optim import build_schedule
+from study.runspec import Resources
+from study.space import load_space
 from study.tasks import GeometrySpec
 from study.tasks.translation import (BUCKETS, Translation, bleu_from_statistics, bleu_statistics, bucket_of,
                                      smoothed_loss)
@@ -222,3 +225,23 @@ def test_a_toy_translation_study_of_stlt_learns_past_word_by_word_and_logs_bleu_
     assert metric_history(uri, mlflow_run.info.run_id, "val_bleu_le20")
     assert metric_history(uri, mlflow_run.info.run_id, "geom_between_token_frac")
     assert rows[-1]["decode_tokens_per_s"] > 0 and rows[-1]["epoch"] == EPOCHS
+
+
+def test_the_wmt14_space_trains_as_transformer_base_does():
+    """search_spaces/stlt_wmt14.yaml claims Transformer-base's recipe (Vaswani et al. 2017, 5.3-5.4 and table 3):
+    its settings against the paper's numbers, the learning rate against the paper's formula step by step."""
+    space = load_space(REPO / "search_spaces" / "stlt_wmt14.yaml")
+    fixed = space.fixed
+    train = space.run_spec(space.resolve(space.points_to_evaluate[0]), Resources()).train
+    assert (train.beta1, train.beta2, train.eps, train.weight_decay) == (0.9, 0.98, 1e-9, 0.0)
+    assert fixed["mt_label_smoothing"] == 0.1 and fixed["mt_beam_size"] == 4 and fixed["mt_length_penalty"] == 0.6
+    d_model, warmup = 512, 4000
+    assert train.warmup_epochs * train.steps_per_epoch == warmup
+    assert train.steps_per_epoch * space.epochs == 100_000  # the base model's 100k steps
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=train.lr)
+    schedule = build_schedule(optimizer, train, train.steps_per_epoch, space.epochs)
+    for step in range(1, 12_001):
+        paper = d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(paper, rel=2e-3), step  # lr rounded to 7.0e-4
+        optimizer.step()
+        schedule.step()
