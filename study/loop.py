@@ -95,7 +95,9 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     # process or driver shows.
     origin = {"resumed_from_epoch": state.epoch, "worker_node_id": ray.get_runtime_context().get_node_id(),
               "worker_pid": os.getpid()}
-    if state.epoch >= spec.epochs:  # restarted after the last checkpoint: hand the final result to Tune again
+    # Restarted after the last checkpoint, or after the epoch that diverged (a resumed study whose driver died before
+    # Tune recorded the end): hand that final result to Tune again rather than train on from it.
+    if state.epoch >= spec.epochs or (state.history and state.history[-1].get("diverged")):
         return _report(host, state, worker.rank,
                        {**stage.carried_metrics, **state.history[-1], "mlflow_run_id": state.mlflow_run_id, **origin})
 

@@ -37,6 +37,7 @@ from fault_fixtures import (
     tiny_space,
     tree_digest,
     study_records,
+    tune_results,
     wait_for,
     write_space,
 )
@@ -44,7 +45,7 @@ from study_fixtures import searcher_study
 
 pytestmark = pytest.mark.slow
 
-EPOCHS = 5
+EPOCHS = 8  # long enough that the study folder shows epoch 2 of a trial well before its last
 DIVERGING, KILLED, AFTER = 1.0e4, 1.0e-3, 2.0e-3
 SPACE = tiny_space(name="crash", epochs=EPOCHS, num_samples=3, points_to_evaluate=[
     {"lr": DIVERGING, "k": 0}, {"lr": KILLED, "k": 0}, {"lr": AFTER, "k": 2}])
@@ -76,8 +77,11 @@ def crash(tmp_path_factory):
             state.resume_while_running = run_lapstudy([*args, "--resume"], env, timeout=180)
 
             def killed_trial_mid_way():
+                # Mid-way in the study folder, not only in Tune's staging folder: Tune copies its state there every
+                # few seconds, and a resume restores what it copied (a trial started in the seconds before a kill
+                # would be unknown to it; docs/fault-tolerance.md).
                 assert not first.finished(), "the study ended before the kill:\n" + first.log()
-                results = live_results(ray_tmp, "crash")
+                results = tune_results(study_dir)
                 trial = _trial_with_lr(results, KILLED)
                 return trial if trial and max(r["epoch"] for r in results[trial]) >= 2 else None
 
