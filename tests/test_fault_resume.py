@@ -47,8 +47,11 @@ pytestmark = pytest.mark.slow
 
 EPOCHS = 8  # long enough that the study folder shows epoch 2 of a trial well before its last
 DIVERGING, KILLED, AFTER = 1.0e4, 1.0e-3, 2.0e-3
+# A wider, deeper ViT than the other fault tests' (about 2 s an epoch): Tune's copy of its state into the study
+# folder, which the kill waits for, can lag its staging folder by seconds, and the trial must still be mid-way then.
 SPACE = tiny_space(name="crash", epochs=EPOCHS, num_samples=3, points_to_evaluate=[
-    {"lr": DIVERGING, "k": 0}, {"lr": KILLED, "k": 0}, {"lr": AFTER, "k": 2}])
+    {"lr": DIVERGING, "k": 0}, {"lr": KILLED, "k": 0}, {"lr": AFTER, "k": 2}],
+    fixed={**tiny_space()["fixed"], "dim": 128, "depth": 4})
 
 
 def _trial_with_lr(results: dict, lr: float) -> str | None:
