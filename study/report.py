@@ -41,7 +41,7 @@ from study.results import (
 )
 from study.search import JOURNAL_FILE
 from study.space import SearchSpace
-from study.stats import PairedDifference, RankCorrelation, Summary, paired_difference, rank_correlation
+from study.stats import PairedDifference, RankCorrelation, Summary, rank_correlation
 from study.status import TrialStatus
 from study.tasks import task_class
 from study.tracking import find_study_run, short_error

@@ -43,8 +43,8 @@ def harness_task_manager(names: Iterable[str], include_path: Iterable[Path] = ()
     rest = [n for n in names if local is None or n not in local.all_tasks]
     if not rest:
         return local
-    hint = (f"give --include-path DIR with a task config of that name over local data (lm_eval's YAML format; "
-            f"tests/fixtures/evals/ has examples; docs/evals.md)")
+    hint = ("give --include-path DIR with a task config of that name over local data (lm_eval's YAML format; "
+            "tests/fixtures/evals/ has examples; docs/evals.md)")
     if not include_defaults:
         raise UserError(f"--tasks {','.join(rest)}: not defined in --include-path ({', '.join(paths) or 'none'}); {hint}")
     reachable, why = hub_reachable()

@@ -16,7 +16,6 @@ the `dino_*` keys below. The crops (how many local ones, their scales and size) 
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import torch
@@ -25,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 import models
-from models.base import ModelOutput
 from models.dino import DINOHead, DINOLoss, MultiCropForward, cancel_last_layer_gradients, cosine_schedule, ema_update_
 from models.geometry import GeometryAccumulator
 from models.knn import knn_predict
