@@ -1,4 +1,5 @@
-"""Ray Tune callbacks of the study driver: MLflow runs closed with their trial's status, and live progress."""
+"""Ray Tune callbacks of the study driver: MLflow runs closed with their trial's status, live progress, and the
+sampler's journal kept in object storage."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import time
 
 from ray.tune import Callback
 
+from study.folder import StudyFolder
 from study.results import best_records, count_statuses, format_metrics, format_params, record_from_trial
+from study.search import JOURNAL_FILE
 from study.space import SearchSpace
 from study.status import TrialStatus, trial_status
 from study.tracking import close_run
@@ -95,3 +98,23 @@ class StudyProgress(Callback):
         elapsed = int(time.monotonic() - self.started)
         print(f"[{elapsed // 3600:02d}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}] {text}", flush=True)
         self.last_line = time.monotonic()
+
+
+class PushJournal(Callback):
+    """Keeps the Optuna journal of a study in object storage current there (the sampler writes it in the driver's
+    local copy, when it proposes a trial and when one ends): pushed at most every few seconds, like Tune's own state,
+    and when a trial ends."""
+
+    def __init__(self, folder: StudyFolder, every_s: float):
+        self.folder, self.every_s, self.pushed = folder, every_s, float("-inf")
+
+    def on_step_end(self, iteration, trials, **info):
+        if time.monotonic() - self.pushed >= self.every_s:
+            self._push()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._push()
+
+    def _push(self):
+        self.folder.push(JOURNAL_FILE)
+        self.pushed = time.monotonic()

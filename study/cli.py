@@ -37,6 +37,13 @@ def user_path(text: str) -> Path:
     return Path(os.path.expanduser(text)).resolve()
 
 
+def user_location(text: str) -> str:
+    """A local folder (as `user_path`) or a URI in object storage (s3://BUCKET/PREFIX, gs://...), kept as given."""
+    from study.storage import is_remote
+
+    return text.rstrip("/") if is_remote(text) else str(user_path(text))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lapstudy", description="Ray Tune + Optuna studies of Laplacian-head and STLT Transformers.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
@@ -47,9 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("space", type=user_path, metavar="SPACE.yaml",
                      help="the search space (see search_spaces/ and docs/study.md)")
     run.add_argument("--name", help="study name (default: the space's name); names the folder and the experiment")
-    run.add_argument("--storage", type=user_path, default="studies", metavar="DIR",
-                     help="parent folder of the study folder (default: ./studies); on a cluster, a filesystem every "
-                          "node mounts")
+    run.add_argument("--storage", type=user_location, default="studies", metavar="DIR_OR_URI",
+                     help="parent folder of the study folder (default: ./studies); on a cluster, object storage "
+                          "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX; needs --tracking-uri) or a filesystem every node "
+                          "mounts")
     run.add_argument("--num-samples", type=int, metavar="N", help="trials to run (default: the space's num_samples)")
     run.add_argument("--max-concurrent", type=int, metavar="N", help="trials at a time (default: as many as fit)")
     run.add_argument("--workers-per-trial", type=int, default=1, metavar="N", help="Ray Train workers per trial")
@@ -70,23 +78,25 @@ def build_parser() -> argparse.ArgumentParser:
     sync = commands.add_parser("sync", help="send MLflow what Ray recorded while the tracking server was away",
                                description="Bring a study's MLflow runs up to date with Ray's records (the source "
                                            "of truth): missing epochs, runs never created, final statuses.")
-    sync.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
+    sync.add_argument("study_dir", type=user_location, metavar="STUDY_DIR")
     sync.add_argument("--tracking-uri", metavar="URI", help="the study's tracking server, with credentials if it "
                       "needs them (default: the one in study.json)")
 
     status = commands.add_parser("status", help="the trials of a study as a table")
-    status.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
+    status.add_argument("study_dir", type=user_location, metavar="STUDY_DIR",
+                        help="the study folder, or its URI in object storage")
 
     report = commands.add_parser("report", help="write the study's report (HTML with its figures) and log it to MLflow",
                                  description="The study's report: the best configurations with their replicates' "
                                              "mean and spread, differences to the baseline, the metric against the "
                                              "geometry, figures. Written to STUDY_DIR/report/report.html.")
-    report.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
+    report.add_argument("study_dir", type=user_location, metavar="STUDY_DIR")
 
     export = commands.add_parser("export", help="write the best trials (or the Pareto set) as run configs")
-    export.add_argument("study_dir", type=user_path, metavar="STUDY_DIR")
+    export.add_argument("study_dir", type=user_location, metavar="STUDY_DIR")
     export.add_argument("--top", type=int, default=1, metavar="K", help="how many of the best trials (default 1)")
-    export.add_argument("--out", type=user_path, metavar="DIR", help="output folder (default: STUDY_DIR/exported)")
+    export.add_argument("--out", type=user_path, metavar="DIR", help="output folder (default: STUDY_DIR/exported; "
+                        "./exported/NAME for a study in object storage)")
 
     train = commands.add_parser("train", help="one run of a run config through the same Ray Train loop")
     train.add_argument("config", type=user_path, metavar="CONFIG.yaml")
@@ -175,27 +185,27 @@ def _dispatch(args) -> int:
         return train_once(args.config, storage=args.storage, tracking_uri=args.tracking_uri, address=args.address,
                           resources={k: v for k, v in given.items() if v is not None})
     if args.command == "sync":
-        from study.folder import StudyFolder
         from study.sync import sync_study
 
-        return sync_study(StudyFolder(args.study_dir), args.tracking_uri)
+        return sync_study(_read_study(args.study_dir), args.tracking_uri)
     if args.command == "status":
-        from study.folder import StudyFolder
         from study.results import status
 
-        print(status(StudyFolder(args.study_dir)))
+        print(status(_read_study(args.study_dir)))
         return 0
     if args.command == "report":
-        from study.folder import StudyFolder
-        from study.report import write_report
+        from study.report import REPORT_DIR, write_report
 
-        print(write_report(StudyFolder(args.study_dir)))
+        folder = _read_study(args.study_dir)
+        print(write_report(folder))
+        folder.push(REPORT_DIR)
         return 0
     if args.command == "export":
         from study.export import export
-        from study.folder import StudyFolder
 
-        for path in export(StudyFolder(args.study_dir), _at_least(1, args.top, "--top"), args.out):
+        folder = _read_study(args.study_dir)
+        out = args.out or (Path.cwd() / "exported" / folder.name if folder.remote else None)
+        for path in export(folder, _at_least(1, args.top, "--top"), out):
             print(path)
         return 0
     if args.command == "eval":
@@ -203,6 +213,15 @@ def _dispatch(args) -> int:
 
         return run_eval(args)
     return _ui(args.study_dir, args.host, args.port)
+
+
+def _read_study(location: str):
+    """The study at `location`; one in object storage pulled into a local copy of its own first."""
+    from study.folder import StudyFolder
+    from study.storage import check_reachable
+
+    check_reachable(location)
+    return StudyFolder.at(location, reading=True).pull()
 
 
 def _ui(study_dir: Path, host: str, port: int) -> int:

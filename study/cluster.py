@@ -14,6 +14,7 @@ import ray
 from ray.exceptions import AuthenticationError
 
 from study.errors import UserError
+from study.storage import STORAGE_VARIABLES, is_remote, staging_folder
 from study.tracking import MLFLOW_CREDENTIAL_VARIABLES
 
 ADDRESS_FORMS = "auto, HOST:PORT (the head's address, e.g. 10.0.0.5:6379) or ray://HOST:PORT"
@@ -72,13 +73,17 @@ def filesystem_type(path: Path, mounts_file: str | None = None) -> str | None:
     return kind
 
 
-def check_tracking_store(tracking_uri: str | None, storage: Path, address: str | None,
+def check_tracking_store(tracking_uri: str | None, storage: str, address: str | None,
                          hosts: set[str] | None = None) -> None:
-    """Refuse a SQLite tracking store for a study that spans machines. `tracking_uri` None is the default SQLite
-    store in the study folder under `storage`. Before Ray starts (`hosts` None): a joined cluster (`address`) with
+    """Refuse a SQLite tracking store for a study that spans machines or is kept in object storage. `tracking_uri`
+    None is the default SQLite store in the study folder under `storage`. Before Ray starts (`hosts` None): a joined cluster (`address`) with
     the store on a network filesystem, whose nodes (and the autoscaler's later ones) would all write that file
     (SQLite's locking is not safe over NFS: a corrupt or locked store). After it (`hosts`: the machines of the
     cluster's nodes): nodes on several machines, each of which would open its own SQLite file."""
+    if tracking_uri is None and is_remote(storage):
+        raise UserError(f"--storage {storage}: the study's default MLflow store is a SQLite file in its folder, which "
+                        f"object storage cannot hold; pass --tracking-uri: an MLflow server (e.g. http://HEAD:5000, "
+                        f"its runs in PostgreSQL and artifacts in object storage; docs/cluster.md)")
     if tracking_uri is None:
         where, named = Path(storage), f"no --tracking-uri, so the study would log to SQLite in {Path(storage)}"
     elif tracking_uri.startswith("sqlite:"):
@@ -105,13 +110,14 @@ def pin_ray_address() -> None:
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
 
-def connect_ray(address: str | None, storage: Path) -> str | None:
+def connect_ray(address: str | None, storage: str) -> str | None:
     """Start a local cluster (dashboard on: Tune needs it to clean up the placement groups of stopped trials) or
     join the one at `address`. Returns the local cluster's session folder (None when joining one)."""
     env = {"MLFLOW_DISABLE_TELEMETRY": "true"}
-    env["HF_HOME"] = os.environ.get("HF_HOME") or str(storage / ".hf_home")
+    local = staging_folder(storage) if is_remote(storage) else Path(storage)
+    env["HF_HOME"] = os.environ.get("HF_HOME") or str(local / ".hf_home")
     # Passed to the workers in memory (Ray's runtime environment), never written to the study folder.
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", *MLFLOW_CREDENTIAL_VARIABLES):
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", *MLFLOW_CREDENTIAL_VARIABLES, *STORAGE_VARIABLES):
         if key in os.environ:
             env[key] = os.environ[key]
     env[TRAIN_POLL_VARIABLE] = os.environ.get(TRAIN_POLL_VARIABLE, TRAIN_POLL_S)

@@ -13,7 +13,7 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from study.callbacks import CloseTrialRuns, StudyProgress
+from study.callbacks import CloseTrialRuns, PushJournal, StudyProgress
 from study.data import TaskData, check_dataset
 from study.errors import UserError
 from study.evals.evaluate import check_evaluation_tasks
@@ -22,13 +22,14 @@ from study.preflight import Request, preflight
 from study.resources import trains_in_trial, trial_driver_resources
 from study.results import load_records, summary
 from study.runspec import Resources, complete_hyperparameters
-from study.search import make_scheduler, make_searcher
-from study.session import previous_driver, record_driver
+from study.search import JOURNAL_FILE, make_scheduler, make_searcher
+from study.session import DRIVER_FILE, previous_driver, record_driver
 from study.space import SearchSpace, load_space
 from study.sync import sync_runs
 from study.provenance import provenance
-from study.report import write_report
+from study.report import REPORT_DIR, write_report
 from study.status import TrialStatus
+from study.storage import check_reachable, join
 from study.tracking import close_run, local_store, open_experiment, open_study_run, redact, without_credentials
 from study.trainer import plan_run
 from study.trial import StudyContext, trial_driver, trial_name
@@ -67,14 +68,17 @@ def run_study(options: RunOptions) -> int:
     name = options.name or space.name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise UserError(f"--name {name!r}: use letters, digits, '_', '.' and '-' (it names a folder)")
-    folder = StudyFolder(options.storage / name)
+    check_reachable(options.storage)
+    folder = StudyFolder.at(join(options.storage, name))
     stored, previous = None, None
     if options.resume:
-        stored = folder.check_resume(options.space, has_tune_state=tune.Tuner.can_restore(str(folder.path)),
-                                     num_samples=options.num_samples, seed=options.seed)
-        previous = previous_driver(folder.path)
+        previous = previous_driver(folder.pull(DRIVER_FILE).path)  # before a full pull replaces a live copy
+        stored = folder.pull().check_resume(options.space,
+                                            has_tune_state=tune.Tuner.can_restore(folder.location),
+                                            num_samples=options.num_samples, seed=options.seed)
     else:
         folder.check_new()
+        folder.pull()  # a study in object storage: no stale local copy of an earlier one
     seed = stored.seed if stored else (options.seed if options.seed is not None else space.seed)
     resources = stored.resources if stored else options.resources
     worker_resources = stored.worker_resources if stored else dict(options.worker_resources)
@@ -99,6 +103,7 @@ def run_study(options: RunOptions) -> int:
             tracking_uri=without_credentials(tracking_uri),
             experiment_id=experiment_id, metric=space.metrics, mode=space.modes))
     record_driver(folder.path, launch.session_dir)
+    folder.push(DRIVER_FILE)
     study_run_id = open_study_run(tracking_uri, experiment_id, name, _study_params(space, folder.record()),
                                   provenance(), [folder.path / SPACE_FILE])
 
@@ -108,8 +113,10 @@ def run_study(options: RunOptions) -> int:
                                     trial_driver_resources(ray.cluster_resources(), resources, in_process))
     trials = num_samples * len(seeds)
     callbacks = [CloseTrialRuns(tracking_uri, experiment_id, space.total_epochs), StudyProgress(space, trials)]
+    if folder.remote:
+        callbacks.append(PushJournal(folder, EXPERIMENT_STATE_EVERY_S))
     replicated = f" ({num_samples} configurations x {len(seeds)} seeds)" if len(seeds) > 1 else ""
-    print(f"study {name} in {folder.path}: {trials} trials{replicated} of {space.epochs} epochs, up to "
+    print(f"study {name} in {folder.location}: {trials} trials{replicated} of {space.epochs} epochs, up to "
           f"{launch.concurrency} at a time, {resources.workers} worker(s) x {resources.cpus_per_worker:g} CPU"
           + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial"
           + (", trained in the trial's own process" if in_process else ""), flush=True)
@@ -118,7 +125,7 @@ def run_study(options: RunOptions) -> int:
         # The metric of a later stage is in that stage's reports only; Tune would refuse the earlier ones.
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     if stored:
-        tuner = tune.Tuner.restore(str(folder.path), trainable=trainable, resume_unfinished=True, resume_errored=True)
+        tuner = tune.Tuner.restore(folder.location, trainable=trainable, resume_unfinished=True, resume_errored=True)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -129,19 +136,21 @@ def run_study(options: RunOptions) -> int:
                                         # The next trial takes over a finished trial's process (torch and the
                                         # project already imported) when it trains in it.
                                         reuse_actors=in_process),
-            run_config=tune.RunConfig(name=name, storage_path=str(options.storage), callbacks=callbacks, verbose=0,
+            run_config=tune.RunConfig(name=name, storage_path=options.storage, callbacks=callbacks, verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=max(
                                           TRIAL_RETRIES, options.max_failures if in_process else 0))),
         )
     tuner.fit()
-    records = load_records(folder)
+    folder.push(JOURNAL_FILE)
+    records = load_records(folder.pull())  # a study in object storage: Tune's records are there
     unsynced = sync_runs(folder, tracking_uri, experiment_id, records)
     print(summary(records, space, folder), flush=True)
     print(f"report: {write_report(folder)}", flush=True)
+    folder.push(REPORT_DIR)
     close_run(tracking_uri, experiment_id, run_id=study_run_id, trial_id=None, status=TrialStatus.COMPLETED)
     if unsynced:
         print(f"MLflow at {redact(tracking_uri)} did not answer: {unsynced} trial run(s) lack epochs Ray recorded; "
-              f"`lapstudy sync {folder.path}` sends them when it is back", flush=True)
+              f"`lapstudy sync {folder.location}` sends them when it is back", flush=True)
     return 0
 
 

@@ -21,7 +21,7 @@ def export(folder: StudyFolder, top: int, out_dir: Path | None) -> list[Path]:
     if not space.multi_objective:
         best = best[:top]
     if not best:
-        raise UserError(f"{folder.path}: no configuration completed every epoch of every replicate yet; "
+        raise UserError(f"{folder.location}: no configuration completed every epoch of every replicate yet; "
                         "nothing to export")
     out_dir = out_dir or folder.path / EXPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,9 @@
 - `train/trial_<trial_id>/`: Ray Train's run of each trial, under a fixed name, with the checkpoints a restarted
   trial resumes from;
 - `exported/`: what `lapstudy export` writes unless told otherwise.
+
+A study in object storage (study/storage.py) is read and written through a local copy of that folder, Train's
+checkpoints excepted: pulled before it is read, its own files pushed back when they change.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from study.errors import UserError, validate
 from study.runspec import Resources
 from study.space import SearchSpace, load_space
+from study.storage import download, has_entries, is_remote, join, staging_folder, upload, write_text
 
 STUDY_FILE, SPACE_FILE, TRIALS_DIR, TRAIN_DIR, EXPORT_DIR = "study.json", "space.yaml", "trials", "train", "exported"
 
@@ -51,7 +55,21 @@ class StudyRecord(BaseModel):
 
 @dataclass(frozen=True)
 class StudyFolder:
-    path: Path  # absolute
+    path: Path  # absolute; for a study in object storage, its local copy
+    remote: str | None = None  # the study's URI in object storage
+
+    @classmethod
+    def at(cls, location: str, reading: bool = False) -> StudyFolder:
+        """The study at `location`: an absolute local path or a URI (its local copy the driver's, or with `reading`
+        one of its own for the commands that read a study, which may run beside the driver)."""
+        if is_remote(location):
+            return cls(staging_folder(location, "read" if reading else "work"), location.rstrip("/"))
+        return cls(Path(location))
+
+    @property
+    def location(self) -> str:
+        """Where the study is kept (what Ray Tune restores from)."""
+        return self.remote or str(self.path)
 
     @property
     def name(self) -> str:
@@ -62,16 +80,39 @@ class StudyFolder:
         return self.path / TRIALS_DIR
 
     @property
-    def train_dir(self) -> Path:
-        return self.path / TRAIN_DIR
+    def train_location(self) -> str:
+        return join(self.location, TRAIN_DIR)
 
     def trial_config(self, trial_id: str) -> Path:
         return self.trials_dir / f"{trial_id}.yaml"
 
+    def write_trial_config(self, trial_id: str, text: str) -> None:
+        """From the trial's process, on any node: straight to storage."""
+        if self.remote:
+            write_text(join(self.remote, TRIALS_DIR, f"{trial_id}.yaml"), text)
+        else:
+            self.trials_dir.mkdir(parents=True, exist_ok=True)
+            self.trial_config(trial_id).write_text(text)
+
+    def pull(self, *names: str) -> StudyFolder:
+        """Replace the local copy with what storage holds, or only these files of it (a local study is its own
+        copy). Never while a driver works on this copy: its Optuna journal is newer there."""
+        if self.remote:
+            if not names:
+                shutil.rmtree(self.path, ignore_errors=True)
+            download(self.remote, self.path, skip=frozenset({TRAIN_DIR}), only=frozenset(names))
+        return self
+
+    def push(self, *names: str) -> None:
+        """Send these files or folders of the local copy to storage."""
+        for name in names if self.remote else ():
+            if (self.path / name).exists():
+                upload(self.path / name, join(self.remote, name))
+
     def record(self) -> StudyRecord:
         path = self.path / STUDY_FILE
         if not path.is_file():
-            raise UserError(f"{self.path}: not a study folder (no {STUDY_FILE}); give the folder `lapstudy run` "
+            raise UserError(f"{self.location}: not a study folder (no {STUDY_FILE}); give the folder `lapstudy run` "
                             "created")
         return validate(StudyRecord, json.loads(path.read_text()), prefix=f"{path}: ")
 
@@ -80,15 +121,16 @@ class StudyFolder:
         return load_space(self.path / SPACE_FILE, base=Path(self.record().space).parent)
 
     def check_new(self) -> None:
-        if self.path.exists() and any(self.path.iterdir()):
-            raise UserError(f"study folder {self.path} already exists: pass --resume to continue that study, "
+        if has_entries(self.location):
+            raise UserError(f"study folder {self.location} already exists: pass --resume to continue that study, "
                             "or --name/--storage for a new one")
 
     def check_resume(self, space_path: Path, *, has_tune_state: bool, **flags: Any) -> StudyRecord:
         """The record of the study to resume; UserError if there is none, if the space is not the one it started
         with, or if one of `flags` (as `--num-samples=value`, None for not given) contradicts the record."""
         if not (self.path / STUDY_FILE).is_file() or not has_tune_state:
-            raise UserError(f"--resume: {self.path} holds no study to resume (no {STUDY_FILE} or Ray experiment state)")
+            raise UserError(f"--resume: {self.location} holds no study to resume (no {STUDY_FILE} or Ray experiment "
+                            "state)")
         if (self.path / SPACE_FILE).read_bytes() != space_path.read_bytes():
             raise UserError(f"--resume: {space_path} differs from the space this study started with "
                             f"({self.path / SPACE_FILE}); resume with that file, or start a new study with --name")
@@ -103,3 +145,4 @@ class StudyFolder:
         """Write the space and study.json of a new study (the folder exists)."""
         shutil.copyfile(space_path, self.path / SPACE_FILE)
         (self.path / STUDY_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=2) + "\n")
+        self.push(SPACE_FILE, STUDY_FILE)

@@ -7,23 +7,26 @@
   without starting a Train controller and a worker process per run. In Ray 2.60 local mode keeps only the last
   report in memory and refuses `ray.train.report` inside a Tune trial, so this host persists checkpoints itself, in
   Train's layout (`<storage>/<run name>/checkpoint_<time>/`, the newest `CHECKPOINTS_KEPT`), finds the newest
-  again when the run restarts under the same name, and reports to Tune directly.
+  again when the run restarts under the same name, and reports to Tune directly. The run's folder may be in object
+  storage (study/storage.py), as Train's own would be.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import posixpath
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow.fs
 import ray.train
 import ray.train.torch
 import torch
 from ray import tune
 from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
+from study.state import CHECKPOINT_FILE
+from study.storage import filesystem, join
 from study.worker import Worker
 
 # Train keeps the newest checkpoints only: enough to resume, bounded on disk for large models.
@@ -31,10 +34,21 @@ CHECKPOINTS_KEPT = 2
 CHECKPOINT_PREFIX = "checkpoint_"
 
 
-def newest_checkpoint(run_folder: Path) -> Path | None:
-    """The newest complete checkpoint of a run (both hosts name them by time, so the names sort by age)."""
-    found = [path for path in Path(run_folder).glob(f"{CHECKPOINT_PREFIX}*") if path.is_dir()]
-    return max(found) if found else None
+def _checkpoints(run_folder: str) -> list[str]:
+    """The names of a run's complete checkpoints, oldest first (both hosts name them by time). Complete: holding
+    its state file, which object storage shows only once whole."""
+    fs, path = filesystem(run_folder)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    names = sorted(info.base_name for info in infos
+                   if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith(CHECKPOINT_PREFIX))
+    states = fs.get_file_info([posixpath.join(path, name, CHECKPOINT_FILE) for name in names])
+    return [name for name, state in zip(names, states) if state.type == pyarrow.fs.FileType.File]
+
+
+def newest_checkpoint(run_folder: str) -> str | None:
+    """Where the newest complete checkpoint of a run (a path or URI, as `run_folder`) is; None if it has none."""
+    found = _checkpoints(run_folder)
+    return join(run_folder, found[-1]) if found else None
 
 
 class TrainWorkerHost:
@@ -56,7 +70,7 @@ class TrainWorkerHost:
 
 @dataclass(frozen=True)
 class InProcessHost:
-    run_folder: Path  # <storage>/<run name>: the same folder a Train worker group of that name would use
+    run_folder: str  # <storage>/<run name> (path or URI): the folder a Train worker group of that name would use
     to_tune: bool  # inside a Tune trial: every report goes to Tune (what ASHA and the sampler see)
 
     def worker(self) -> Worker:
@@ -67,23 +81,30 @@ class InProcessHost:
 
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
         newest = newest_checkpoint(self.run_folder)
-        return None if newest is None else ray.train.Checkpoint.from_directory(str(newest))
+        return None if newest is None else ray.train.Checkpoint(newest)
 
     def report(self, metrics: dict, checkpoint: Path | None = None) -> None:
         if checkpoint is not None:
             # What TuneReportCallback adds for a Train worker group: where the trial's checkpoint is.
-            metrics = {**metrics, CHECKPOINT_PATH_KEY: str(self._persist(checkpoint))}
+            metrics = {**metrics, CHECKPOINT_PATH_KEY: self._persist(checkpoint)}
         if self.to_tune:
             tune.report(metrics)
 
-    def _persist(self, checkpoint: Path) -> Path:
-        """Copy under a temporary name, then rename: a process killed mid-copy leaves no half checkpoint that a
-        restart would take for the newest."""
-        self.run_folder.mkdir(parents=True, exist_ok=True)
-        persisted = self.run_folder / f"{CHECKPOINT_PREFIX}{datetime.now().strftime('%Y-%m-%d_%H-%M-%S.%f')}"
-        with tempfile.TemporaryDirectory(dir=self.run_folder, prefix=".incomplete_") as staging:
-            shutil.copytree(checkpoint, Path(staging) / persisted.name)
-            (Path(staging) / persisted.name).rename(persisted)
-        for old in sorted(p for p in self.run_folder.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir())[:-CHECKPOINTS_KEPT]:
-            shutil.rmtree(old, ignore_errors=True)
-        return persisted
+    def _persist(self, checkpoint: Path) -> str:
+        """Copied whole or not at all, as a restart sees it: on a local disk under a temporary name, then renamed; in
+        object storage, where an object appears once whole, the state file last."""
+        fs, root = filesystem(self.run_folder)
+        name = f"{CHECKPOINT_PREFIX}{datetime.now().strftime('%Y-%m-%d_%H-%M-%S.%f')}"
+        local = isinstance(fs, pyarrow.fs.LocalFileSystem)
+        copy_to = posixpath.join(root, f".incomplete_{name}" if local else name)
+        fs.create_dir(copy_to, recursive=True)
+        files = sorted(Path(checkpoint).rglob("*"), key=lambda file: file.name == CHECKPOINT_FILE)
+        for file in (file for file in files if file.is_file()):
+            target = posixpath.join(copy_to, file.relative_to(checkpoint).as_posix())
+            fs.create_dir(posixpath.dirname(target), recursive=True)
+            pyarrow.fs.copy_files(str(file), target, destination_filesystem=fs)
+        if local:
+            fs.move(copy_to, posixpath.join(root, name))
+        for old in _checkpoints(self.run_folder)[:-CHECKPOINTS_KEPT]:
+            fs.delete_dir(posixpath.join(root, old))
+        return join(self.run_folder, name)

@@ -45,7 +45,8 @@ class StageContext:
 
     name: str | None = None  # None: the run's first stage, whose metrics keep their names
     epoch_offset: int = 0  # the epochs of the stages before it: its epoch e is the run's epoch offset + e
-    carried_from: str | None = None  # the previous stage's last checkpoint, whose `carry` this stage starts from
+    carried_from: str | None = None  # the previous stage's last checkpoint (path or URI), whose `carry` this stage
+    # starts from
     carried_metrics: dict = field(default_factory=dict)  # the earlier stages' final metrics, reported along
 
     def named(self, metrics: dict) -> dict:
@@ -57,7 +58,8 @@ class StageContext:
     def carried(self) -> dict | None:
         if self.carried_from is None:
             return None
-        return torch.load(Path(self.carried_from) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)["carry"]
+        with ray.train.Checkpoint(self.carried_from).as_directory() as folder:  # fetched from object storage
+            return torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)["carry"]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ split, and whether the workers fit on the cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import ray
@@ -31,7 +30,7 @@ class Request:
     dataset: DatasetConfig
     seed: int
     resources: Resources
-    storage: Path  # where the run's folder goes (absolute)
+    storage: str  # where the run's folder goes (an absolute path or a URI)
     experiment: str  # the MLflow experiment it logs to
     new_experiment: bool  # an experiment of that name with runs in it belongs to another study
     tracking_uri: str | None = None  # a tracking server (None: the embedded store, made later)

@@ -109,7 +109,7 @@ def load_records(folder: StudyFolder) -> list[TrialRecord]:
     try:
         analysis = ExperimentAnalysis(str(folder.path))
     except Exception as exc:  # noqa: BLE001 - no (readable) experiment state
-        raise UserError(f"{folder.path}: no Ray Tune experiment state to read ({type(exc).__name__}); "
+        raise UserError(f"{folder.location}: no Ray Tune experiment state to read ({type(exc).__name__}); "
                         "has the study started?") from None
     return sorted((record_from_trial(t, epochs) for t in analysis.trials), key=lambda r: r.trial_id)
 
@@ -227,7 +227,7 @@ def status(folder: StudyFolder) -> str:
     record, space = folder.record(), folder.space()
     records = load_records(folder)
     seeds = record.seeds or [record.seed]
-    lines = [f"study {record.name} ({folder.path}): {len(records)} of {record.num_samples * len(seeds)} trials "
+    lines = [f"study {record.name} ({folder.location}): {len(records)} of {record.num_samples * len(seeds)} trials "
              "started" + (f" ({record.num_samples} configurations x {len(seeds)} seeds)" if len(seeds) > 1 else ""),
              table(records, record.metric)]
     groups = configurations(records)
@@ -258,8 +258,9 @@ def summary(records: list[TrialRecord], space, folder: StudyFolder, top: int = 5
             lines += [f"{title}:", table(best if space.multi_objective else best[:top], space.metrics)]
         else:
             lines.append("no trial completed every epoch")
-    where = folder.path
+    where = folder.location
     lines += ["next:", f"  lapstudy status {where}", f"  lapstudy export {where} --top 3",
-              f"  lapstudy report {where}    (the study's report: {where / 'report' / 'report.html'})",
-              f"  lapstudy ui {where}      (MLflow UI: compare trials on {', '.join(space.metrics)} and geometry)"]
+              f"  lapstudy report {where}    (the study's report: {folder.path / 'report' / 'report.html'})",
+              f"  lapstudy ui {where}      (MLflow UI: compare trials on {', '.join(space.metrics)} and geometry)"
+              if not folder.remote else f"  MLflow UI: {folder.record().tracking_uri}"]
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from study.data import TaskData
 from study.host import newest_checkpoint
 from study.loop import BOOKKEEPING, StageContext
 from study.runspec import RunSpec, complete_hyperparameters
+from study.storage import join
 from study.tasks import task_class
 from study.trainer import RunSetup, build_trainer
 
@@ -33,7 +34,7 @@ def run_stages(spec: RunSpec, name: str, setup: RunSetup, first_data: TaskData,
                                  {k: v for k, v in final.items() if k not in BOOKKEEPING})
         previous = name if stage_name is None else f"{name}_{stage_name}"
         result = build_trainer(stage_spec, data, previous, setup, stage).fit()
-        final = {**result.return_value, "checkpoint_path": str(newest_checkpoint(setup.storage_path / previous))}
+        final = {**result.return_value, "checkpoint_path": newest_checkpoint(join(setup.storage_path, previous))}
         if final.get("diverged"):
             break
     return final

@@ -43,7 +43,8 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
             complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
             plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data.num_train)
 
-    request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources, storage=storage,
+    request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources,
+                      storage=str(storage),
                       experiment=EXPERIMENT, new_experiment=False, tracking_uri=tracking_uri, address=address)
     task_data = preflight(request, check_configs).task_data
     complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
@@ -54,7 +55,7 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
     (storage / f"{name}.yaml").write_text(dump_yaml(spec.document()))
     # Its name is also its MLflow run's trial id: every stage finds the one run. One worker trains in this process,
     # as a study's one-worker trial does in its own.
-    setup = RunSetup(storage_path=storage, tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None),
+    setup = RunSetup(storage_path=str(storage), tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None),
                      in_process=trains_in_trial(spec.resources, ray.cluster_resources(), {}))
     print(f"training {path} as run {name} ({spec.total_epochs} epochs, {spec.resources.workers} worker(s)); "
           f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ray.train
 from ray.train.torch import TorchTrainer
@@ -13,6 +12,7 @@ from study.errors import UserError
 from study.host import CHECKPOINTS_KEPT, InProcessHost, TrainWorkerHost
 from study.loop import LoopPlan, StageContext, train_loop_per_worker
 from study.runspec import RunSpec
+from study.storage import join
 from study.tracking import TrackingTarget
 
 
@@ -42,7 +42,7 @@ def plan_run(spec: RunSpec, num_train: int | None) -> LoopPlan:
 class RunSetup:
     """Where and how the trainers of one run (all its stages) run."""
 
-    storage_path: Path  # the trainers' runs (checkpoints) go under it, each under its fixed name
+    storage_path: str  # the trainers' runs (checkpoints) go under it, each under its fixed name (a path or URI)
     tracking: TrackingTarget | None  # None: no MLflow
     in_process: bool = False  # train in the calling process (Ray Train's local mode; study/host.py), one worker
     report_to_tune: bool = False  # inside a study's trial: every report reaches Tune
@@ -57,7 +57,7 @@ def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: S
     resources = spec.resources
     if setup.in_process:
         # The process already holds the run's one worker's CPUs and GPUs (the trial asked Tune for them).
-        host, scaling = InProcessHost(setup.storage_path / name, setup.report_to_tune), ray.train.ScalingConfig(
+        host, scaling = InProcessHost(join(setup.storage_path, name), setup.report_to_tune), ray.train.ScalingConfig(
             num_workers=0)
     else:
         per_worker = {"CPU": resources.cpus_per_worker, **setup.worker_resources}
@@ -72,7 +72,7 @@ def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: S
         scaling_config=scaling,
         run_config=ray.train.RunConfig(
             name=name,
-            storage_path=str(setup.storage_path),
+            storage_path=setup.storage_path,
             failure_config=ray.train.FailureConfig(max_failures=setup.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
             callbacks=[TuneReportCallback()] if setup.report_to_tune and not setup.in_process else [],

@@ -52,11 +52,9 @@ def trial_driver(config: dict, study: StudyContext) -> None:
     spec = space.run_spec(hyperparameters, study.resources, seed=seed,
                           provenance={"study": study.folder.name, "trial_id": trial_id, "trial_name": name,
                                       **replicate})
-    record = study.folder.trial_config(trial_id)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(dump_yaml(spec.document()))
+    study.folder.write_trial_config(trial_id, dump_yaml(spec.document()))
     tags = {TAG_CONFIG: replicate["config_id"], TAG_REPLICATE: str(replicate["replicate"])}
-    setup = RunSetup(storage_path=study.folder.train_dir,
+    setup = RunSetup(storage_path=study.folder.train_location,
                      tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id,
                                              study.folder.name, parent_run_id=study.study_run_id, tags=tags),
                      in_process=study.in_process, report_to_tune=True, max_failures=study.max_failures,

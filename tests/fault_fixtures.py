@@ -421,10 +421,12 @@ def epoch_steps(run: dict, key: str = "epoch") -> list[int]:
 
 
 @contextmanager
-def mlflow_server(store: Path, port: int, log: Path):
-    """A real `mlflow server` on 127.0.0.1 over a SQLite store; yields a handle with stop()/start() so a test can
-    take it away and bring it back on the same port and store."""
-    server = _MlflowServer(store, port, log)
+def mlflow_server(store: Path, port: int, log: Path, *, backend: str | None = None, artifacts: str | None = None,
+                  env: dict | None = None):
+    """A real `mlflow server` on 127.0.0.1 over a SQLite store in `store` (or the `backend` store's URI, artifacts
+    to `artifacts`); yields a handle with stop()/start() so a test can take it away and bring it back on the same
+    port and store."""
+    server = _MlflowServer(store, port, log, backend, artifacts, env or {})
     server.start()
     try:
         yield server
@@ -433,8 +435,10 @@ def mlflow_server(store: Path, port: int, log: Path):
 
 
 class _MlflowServer:
-    def __init__(self, store: Path, port: int, log: Path):
+    def __init__(self, store: Path, port: int, log: Path, backend: str | None, artifacts: str | None, env: dict):
         self.store, self.port, self.log = Path(store), port, log
+        self.backend = backend or f"sqlite:///{self.store / 'mlflow.db'}"
+        self.artifacts, self.env = artifacts or str(self.store / "artifacts"), env
         self.process = None
 
     @property
@@ -443,12 +447,12 @@ class _MlflowServer:
 
     def start(self, timeout: float = 90.0):
         self.store.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                   f"sqlite:///{self.store / 'mlflow.db'}", "--artifacts-destination", str(self.store / "artifacts"),
+        command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend,
+                   "--artifacts-destination", self.artifacts,
                    "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+                                            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **self.env})
         wait_for(self.healthy, timeout, f"mlflow server on port {self.port}", every=0.5)
 
     def healthy(self) -> bool:
