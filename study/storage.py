@@ -21,10 +21,10 @@ import pyarrow.fs
 from study.errors import UserError
 
 STAGING_VARIABLE = "LAPSTUDY_STAGING"
-# What points pyarrow (Ray's storage, the study's files) and boto3 (MLflow's S3 artifacts) at a bucket; the study's
-# Ray workers get them from the driver, in memory.
-STORAGE_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                     "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "MLFLOW_S3_ENDPOINT_URL",
+# Where pyarrow (Ray's storage, the study's files) finds the object store: the study's Ray workers get these from
+# the driver, in memory. Credentials are not among them (Ray shows a job's environment on its dashboard): each node
+# has its own, from its instance profile or its environment, as Ray's own storage needs.
+STORAGE_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION",
                      STAGING_VARIABLE)
 
 

@@ -296,7 +296,7 @@ class RunLogger:
                 self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_EVERY_S,
                                                      resume_logging=not created, tracking_uri=self.target.tracking_uri)
                 self._monitor.start()
-                self._monitor_started = time.monotonic()
+                self._first_step = self._monitor._logging_step
             return True
         except Exception as exc:  # noqa: BLE001
             self._warn("connect", exc)
@@ -344,9 +344,12 @@ class RunLogger:
         """Stop the system-metrics monitor (the run itself is ended by whoever knows its final status)."""
         if self._monitor is not None:
             self._monitor.finish()
-            if time.monotonic() - self._monitor_started < self._monitor.sampling_interval:
-                # MLflow's monitor logs a sample only after a whole interval and drops it when stopped before:
-                # a run shorter than that (a short trial, a fast stage) logs the one sample it took.
+            if self._monitor._logging_step == self._first_step:
+                # MLflow's monitor publishes only after a whole interval, and only if it is not stopped while it
+                # checks the run's status then: a run stopped before its first publication (short, or stopped at
+                # that moment) logs the samples it took, or one taken now.
+                if not self._monitor.aggregate_metrics():
+                    self._monitor.collect_metrics()
                 self._monitor.publish_metrics(self._monitor.aggregate_metrics())
                 self._monitor.mlflow_logger.flush()
             self._monitor = None

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from fault_fixtures import free_port, wait_for
 
 
@@ -34,6 +36,22 @@ class ObjectStore:
         boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id="testing",
                      aws_secret_access_key="testing").create_bucket(Bucket=name)
         return f"s3://{name}"
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory):
+    """An S3-compatible server (moto) for the session, this process's pyarrow and boto3 pointed at it."""
+    with s3_server(tmp_path_factory.mktemp("moto") / "moto.log") as store:
+        saved = {key: os.environ.get(key) for key in store.env}
+        os.environ.update(store.env)
+        try:
+            yield store
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 @contextmanager

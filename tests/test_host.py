@@ -10,6 +10,7 @@ import pyarrow.fs
 import pytest
 
 import study.host
+from servers import object_store  # noqa: F401 - the S3-compatible server, for the fixture below
 from study.host import CHECKPOINTS_KEPT, InProcessHost, newest_checkpoint
 from study.storage import filesystem, join, write_text
 

@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from fault_fixtures import tiny_space, write_space
+from servers import object_store  # noqa: F401 - the S3-compatible server
 from study import cli
 from study.errors import UserError
 from study.folder import SPACE_FILE, STUDY_FILE, TRAIN_DIR, StudyFolder
@@ -77,11 +78,18 @@ def test_the_local_copy_follows_storage(bucket, tmp_path):
     assert (folder.path / "optuna.journal").exists()
 
 
+@pytest.fixture(autouse=True)
+def _no_ray(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("ray.init called for a refused command line")
+
+    monkeypatch.setattr(ray, "init", refuse)
+
+
 def _refused(argv: list[str], capsys) -> str:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("lapstudy: error:"), err
-    assert not ray.is_initialized()
     return err
 
 

@@ -345,6 +345,33 @@ def test_run_logger_records_system_metrics_of_a_run_shorter_than_one_sampling_in
     assert any(key.startswith("system/cpu") for key in run.data.metrics), sorted(run.data.metrics)
 
 
+def test_run_logger_records_system_metrics_of_a_run_stopped_while_the_monitor_checks_it(tmp_path, monkeypatch):
+    """MLflow's monitor, after its interval, asks for the run's status and drops its sample if it was stopped
+    meanwhile (seen in CI with a trial resumed for its last epoch): the run still gets one."""
+    from mlflow.tracking import MlflowClient
+
+    import study.tracking
+    from study.tracking import RunLogger, TrackingTarget, ensure_experiment, local_store
+
+    monkeypatch.setattr(study.tracking, "SYSTEM_METRICS_EVERY_S", 0.5)
+    get_run = MlflowClient.get_run
+
+    def slow_get_run(self, run_id):  # the monitor's status check, slow as on a loaded machine
+        time.sleep(1.0)
+        return get_run(self, run_id)
+
+    uri, artifacts = local_store(tmp_path)
+    experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
+    logger = RunLogger(TrackingTarget(uri, experiment, "trial_cut", "cut", "s"), {}, "", system_metrics=True)
+    logger.log_epoch(1, {"val_acc": 0.5})
+    monkeypatch.setattr(MlflowClient, "get_run", slow_get_run)
+    time.sleep(0.9)  # past the interval: the monitor is in its status check when the run stops
+    logger.close()
+    monkeypatch.setattr(MlflowClient, "get_run", get_run)
+    run = MlflowClient(uri).get_run(logger.run_id)
+    assert any(key.startswith("system/cpu") for key in run.data.metrics), sorted(run.data.metrics)
+
+
 def test_run_logger_survives_an_unreachable_tracking_server(monkeypatch):
     from study.tracking import RunLogger, TrackingTarget
 
