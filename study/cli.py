@@ -120,18 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", type=user_path, metavar="PATH",
                           help="state.pt, a checkpoint_* folder or a run folder (default: found beside the config)")
     evaluate.add_argument("--tasks", required=True, metavar="T1,T2",
-                          help="comma-separated: arc_easy, arc_challenge, mmlu, gsm8k, humaneval or any lm_eval task")
+                          help="comma-separated: arc_easy, arc_challenge, mmlu, gsm8k, humaneval, gsm8k_chat (nanochat's "
+                               "GSM8K: sampled with the calculator tool, pass@k) or any lm_eval task")
     evaluate.add_argument("--include-path", type=user_path, action="append", default=[], metavar="DIR",
-                          help="a folder of lm_eval task configs (and humaneval.jsonl) over local data; its tasks "
+                          help="a folder of lm_eval task configs (and humaneval.jsonl, or GSM8K's main/test-*.parquet) "
+                               "over local data; its tasks "
                                "take precedence over the harness's (repeatable; the way to evaluate offline)")
     evaluate.add_argument("--limit", type=int, metavar="N", help="the first N examples of each task")
     evaluate.add_argument("--num-fewshot", type=int, metavar="N", help="few-shot examples (default: each task's)")
     evaluate.add_argument("--allow-code-execution", action="store_true",
                           help="let HumanEval run model-generated code (each sample in a limited subprocess)")
     evaluate.add_argument("--num-samples", type=int, default=1, metavar="K",
-                          help="HumanEval samples per problem: pass@1, and pass@10 with 10 or more (default 1)")
+                          help="samples per problem of humaneval and gsm8k_chat: pass@1, and pass@10 with 10 or more "
+                               "(default 1)")
     evaluate.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                          help="HumanEval sampling temperature (default 0: greedy; > 0 needed with --num-samples > 1)")
+                          help="their sampling temperature (default 0: greedy; > 0 needed with --num-samples > 1)")
     evaluate.add_argument("--chat", action="store_true", help="format prompts as a chat (apply_chat_template)")
     evaluate.add_argument("--batch-size", type=int, default=16, metavar="N")
     evaluate.add_argument("--device", default="cpu", help="torch device (default cpu; e.g. cuda)")

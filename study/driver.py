@@ -121,8 +121,9 @@ def run_study(options: RunOptions) -> int:
           + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial"
           + (", trained in the trial's own process" if in_process else ""), flush=True)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
-    if any("/" in metric for metric in space.metrics):
-        # The metric of a later stage is in that stage's reports only; Tune would refuse the earlier ones.
+    if not space.reported_every_epoch():
+        # The metric of a later stage is in that stage's reports only, a benchmark's in the last: Tune would refuse
+        # the earlier ones.
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     if stored:
         tuner = tune.Tuner.restore(folder.location, trainable=trainable, resume_unfinished=True, resume_errored=True)
@@ -173,9 +174,8 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
         space.check_configs(before_data=True)
         for stage in space.stages:
             check_dataset(stage.task, stage.dataset or space.dataset)
-        for evaluation in [space.evaluate, *(stage.evaluate for stage in space.stages)]:
-            if evaluation is not None:
-                check_evaluation_tasks(evaluation)
+        for evaluation in [*space.evaluate, *(e for stage in space.stages for e in stage.evaluate)]:
+            check_evaluation_tasks(evaluation)
         return
 
     def fits_the_data(hyperparameters):

@@ -127,11 +127,12 @@ def train_loop_per_worker(loop_config: dict) -> dict:
                                            geometry=spec.geometry.due(epoch, spec.epochs))
                 metrics.update(evaluation.metrics, eval_s=time.perf_counter() - evaluated, **model.mixer_stats())
                 pictures = evaluation.pictures
-                if epoch == spec.epochs and spec.evaluate is not None and worker.rank == 0:
+                if epoch == spec.epochs and spec.evaluate and worker.rank == 0:
                     # The stage's benchmarks on the model it ended with (rank 0: the others wait at the report).
                     evaluated = time.perf_counter()
-                    metrics.update(evaluate_stage(model, spec.evaluate, spec.dataset, seed=spec.seed),
-                                   benchmark_s=time.perf_counter() - evaluated)
+                    for evaluation in spec.evaluate:
+                        metrics.update(evaluate_stage(model, evaluation, spec.dataset, seed=spec.seed))
+                    metrics["benchmark_s"] = time.perf_counter() - evaluated
             else:
                 # Stop at once: retrying from the checkpoint would diverge the same way. The study marks it failed.
                 metrics.update({name: math.nan for name in task.quality_metrics}, diverged=1,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 import models
 from models.stlt import stlt_config
@@ -96,26 +96,38 @@ class EvaluationSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tasks: list[str] = Field(min_length=1, description="lm_eval task names (arc_easy, arc_challenge, mmlu, gsm8k, "
-                                                       "...) and humaneval")
+                                                       "...), humaneval and gsm8k_chat")
     include_path: list[str] = Field(default_factory=list, description="folders of lm_eval task configs (relative: to "
                                                                       "the space or run config), which take precedence")
     limit: int | None = Field(None, ge=1, description="the first N examples of each task (None: all)")
     num_fewshot: int | None = Field(None, ge=0, description="few-shot examples (None: each task's own)")
     chat: bool = Field(False, description="format prompts with the chat template (an SFT model)")
     allow_code_execution: bool = Field(False, description="humaneval runs generated code (in the sandbox): opt in")
-    num_samples: int = Field(1, ge=1, description="humaneval samples per problem (pass@k up to it)")
-    temperature: float = Field(0.0, ge=0, description="humaneval sampling temperature")
+    num_samples: int = Field(1, ge=1, description="humaneval and gsm8k_chat samples per problem (pass@k up to it)")
+    temperature: float = Field(0.0, ge=0, description="their sampling temperature")
 
     @model_validator(mode="after")
-    def _code_execution_opted_in(self):
+    def _check(self):
         if "humaneval" in self.tasks and not self.allow_code_execution:
             raise ValueError("tasks: humaneval executes the code the model writes; set allow_code_execution: true "
                              "to run it (in the sandbox, docs/evals.md)")
+        if self.num_samples > 1 and self.temperature == 0:
+            raise ValueError(f"temperature: must be > 0 with num_samples {self.num_samples} (greedy samples are all "
+                             "the same)")
         return self
 
     def relative_to(self, base: Path) -> "EvaluationSpec":
         return self.model_copy(update={"include_path": [os.path.join(base, os.path.expanduser(p))
                                                         for p in self.include_path]})
+
+
+def _as_list(value):
+    return [] if value is None else [value] if isinstance(value, dict) else value
+
+
+# `evaluate:` is one entry (a mapping) or a list of them: tasks that need other settings (samples, temperature,
+# chat formatting) go in entries of their own.
+Evaluations = Annotated[list[EvaluationSpec], BeforeValidator(_as_list)]
 
 
 class StageSpec(BaseModel):
@@ -131,14 +143,15 @@ class StageSpec(BaseModel):
     hyperparameters: dict[str, Any] = Field(default_factory=dict, description="over the run's model and training "
                                                                                "keys: what this stage changes")
     geometry: GeometrySpec | None = Field(None, description="its geometry settings (default: the run's)")
-    evaluate: EvaluationSpec | None = Field(None, description="benchmarks when the stage ends (language models)")
+    evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the stage ends (language "
+                                                                     "models)")
 
     _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
 
     def relative_to(self, base: Path) -> "StageSpec":
         """Its relative paths (data, evaluation task folders) read from `base`."""
         return self.model_copy(update={"dataset": self.dataset.relative_to(base) if self.dataset else None,
-                                       "evaluate": self.evaluate.relative_to(base) if self.evaluate else None})
+                                       "evaluate": [e.relative_to(base) for e in self.evaluate]})
 
 
 class RunSpec(BaseModel):
@@ -154,7 +167,8 @@ class RunSpec(BaseModel):
     geometry: GeometrySpec = GeometrySpec()
     resources: Resources = Resources()
     stages: list[StageSpec] = Field(default_factory=list, description="what the run trains after this, in order")
-    evaluate: EvaluationSpec | None = Field(None, description="benchmarks when its first stage ends (language models)")
+    evaluate: Evaluations = Field(default_factory=list, description="benchmarks when its first stage ends "
+                                                                     "(language models)")
     provenance: dict[str, Any] = Field(default_factory=dict, description="where the run came from (study, trial...)")
 
     _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
@@ -218,9 +232,13 @@ def check_stages(stages: list[StageSpec]) -> None:
         check_evaluation(stage.task, stage.evaluate, f"stages[{i}].evaluate")
 
 
-def check_evaluation(task: str, evaluation: EvaluationSpec | None, where: str) -> None:
-    if evaluation is not None and task != "language_modeling":
+def check_evaluation(task: str, evaluations: list[EvaluationSpec], where: str) -> None:
+    if evaluations and task != "language_modeling":
         raise ValueError(f"{where}: benchmarks evaluate language models (task language_modeling), not {task}")
+    tasks = [name for evaluation in evaluations for name in evaluation.tasks]
+    twice = sorted({name for name in tasks if tasks.count(name) > 1})
+    if twice:
+        raise ValueError(f"{where}: {', '.join(twice)} in more than one entry (each task's metrics are logged once)")
 
 
 def load_run_spec(path: Path) -> RunSpec:
@@ -230,7 +248,7 @@ def load_run_spec(path: Path) -> RunSpec:
         raise UserError(f"run config {path}: must be a mapping (task, dataset, epochs, seed, hyperparameters, ...)")
     spec = validate(RunSpec, data, prefix=f"run config {path}: ")
     return spec.model_copy(update={"dataset": spec.dataset.relative_to(path.parent),
-                                   "evaluate": spec.evaluate.relative_to(path.parent) if spec.evaluate else None,
+                                   "evaluate": [e.relative_to(path.parent) for e in spec.evaluate],
                                    "stages": [stage.relative_to(path.parent) for stage in spec.stages]})
 
 

@@ -18,7 +18,7 @@ from study.data import DatasetConfig
 from study.errors import UserError, validate
 from study.runspec import (
     HYPERPARAMETER_KEYS,
-    EvaluationSpec,
+    Evaluations,
     Resources,
     RunSpec,
     StageSpec,
@@ -209,8 +209,8 @@ class SearchSpace(_Strict):
     points_to_evaluate: list[dict[str, Scalar]] = Field(default_factory=list)
     stages: list[StageSpec] = Field(default_factory=list, description="what every trial trains after its first "
                                                                       "stage, in order (docs/study.md, stages)")
-    evaluate: EvaluationSpec | None = Field(None, description="benchmarks when the first stage ends (language "
-                                                              "models; a later stage has its own evaluate)")
+    evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the first stage ends "
+                                                                     "(language models; a later stage has its own)")
 
     _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
     _sampler = field_validator("sampler", "scheduler", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
@@ -303,13 +303,33 @@ class SearchSpace(_Strict):
                  for m in task_class(stage.task).epoch_metrics(stage.dataset or self.dataset))
         return (*task_class(self.task).epoch_metrics(self.dataset), *later)
 
+    def final_metric_prefixes(self) -> tuple[str, ...]:
+        """The benchmarks of the last stage (its `evaluate:`), reported with the trial's final result only, as
+        eval_<task>_<metric> (under <stage>/ for a later stage): what a sampler may also optimise."""
+        last = self.stages[-1] if self.stages else None
+        prefix = f"{last.name}/" if last else ""
+        return tuple(f"{prefix}eval_{task}_" for evaluation in (last.evaluate if last else self.evaluate)
+                     for task in evaluation.tasks)
+
+    def reported_every_epoch(self) -> bool:
+        """Every metric is in every report from the first (Tune checks that, unless told not to)."""
+        return all(name in task_class(self.task).epoch_metrics(self.dataset) for name in self.metrics)
+
     def _check_objectives(self):
         allowed = self.epoch_metrics()
         if not self.metrics:
             raise ValueError(f"metric: give at least one of {', '.join(allowed)}")
+        final = self.final_metric_prefixes()
         for name in self.metrics:
-            if name not in allowed:
-                raise ValueError(f"metric: {name!r} is not reported every epoch for {self.task}; allowed: {', '.join(allowed)}")
+            benchmark = name.startswith(final) if final else False
+            if benchmark and self.scheduler.kind != "none":
+                raise ValueError(f"metric: {name!r} is reported at the trial's end only, after ASHA would judge it: "
+                                 "use scheduler: none")
+            if name not in allowed and not benchmark:
+                final_names = ", ".join(f"{p}<metric>" for p in final)
+                raise ValueError(f"metric: {name!r} is not reported every epoch for {self.task}; allowed: "
+                                 f"{', '.join(allowed)}" + (f", or the last stage's benchmarks ({final_names})"
+                                                            if final else ""))
         if len(set(self.metrics)) != len(self.metrics):
             raise ValueError(f"metric: each metric once, got {self.metrics}")
         if isinstance(self.metric, list) != isinstance(self.mode, list) or len(self.metrics) != len(self.modes):
@@ -583,5 +603,5 @@ def load_space(path: Path, base: Path | None = None) -> SearchSpace:
     space = parse_space(load_yaml(path, "search space"), f"search space {path}")
     base = base or Path(path).parent
     return space.model_copy(update={"dataset": space.dataset.relative_to(base),
-                                    "evaluate": space.evaluate.relative_to(base) if space.evaluate else None,
+                                    "evaluate": [e.relative_to(base) for e in space.evaluate],
                                     "stages": [stage.relative_to(base) for stage in space.stages]})

@@ -36,9 +36,8 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
     def check_configs(task_data: TaskData | None) -> None:
         if task_data is None:  # the model and training keys that need no data, the benchmarks' tasks
             check_run_config(spec.hyperparameters, spec.task, where=where, before_data=True)
-            for evaluation in [spec.evaluate, *(stage.evaluate for stage in spec.stages)]:
-                if evaluation is not None:
-                    check_evaluation_tasks(evaluation)
+            for evaluation in [*spec.evaluate, *(e for stage in spec.stages for e in stage.evaluate)]:
+                check_evaluation_tasks(evaluation)
         else:
             complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
             plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data.num_train)

@@ -60,6 +60,7 @@ def test_eval_prints_and_logs_what_the_model_scores(run_config, tmp_path, capfd)
 BAD = [
     (["--tasks", "humaneval"], ["--allow-code-execution"]),
     (["--tasks", "arc_challenge"], ["arc_challenge", "--include-path"]),  # offline: a hub task
+    (["--tasks", "gsm8k_chat"], ["gsm8k_chat", "openai/gsm8k", "--include-path"]),  # offline, no local copy
     (["--tasks", ""], ["--tasks", "arc_easy"]),
     (["--tasks", "mmlu", "--limit", "0"], ["--limit", ">= 1"]),
     (["--tasks", "humaneval", "--allow-code-execution", "--num-samples", "10"], ["--temperature", "> 0"]),

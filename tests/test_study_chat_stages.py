@@ -40,6 +40,8 @@ SPACE = {**SHIPPED, "name": "chat", "epochs": PRETRAIN, "parameters": {"max_coun
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "evals"
 BENCHMARK = {"tasks": ["arc_easy"], "limit": 8, "chat": True}
+GSM8K = Path(__file__).resolve().parent / "fixtures" / "chat" / "openai" / "gsm8k"
+SAMPLED = {"tasks": ["gsm8k_chat"], "include_path": [str(GSM8K)], "limit": 3, "num_samples": 2, "temperature": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,8 @@ def chat_study(tmp_path_factory, ray_address):
     task = yaml.safe_load((FIXTURES / "arc_easy.yaml").read_text())
     task["dataset_kwargs"]["data_files"]["test"] = str(FIXTURES / "arc.jsonl")
     write_yaml(tasks / "arc_easy.yaml", task)
-    stages = [*SPACE["stages"][:-1], {**SPACE["stages"][-1], "evaluate": {**BENCHMARK, "include_path": ["eval_tasks"]}}]
+    stages = [*SPACE["stages"][:-1], {**SPACE["stages"][-1], "evaluate": [{**BENCHMARK, "include_path": ["eval_tasks"]},
+                                                                         SAMPLED]}]
     study = one_trial_study(root, {**SPACE, "stages": stages}, ray_address, timeout=600)
     return {**study, "root": root, "tasks": tasks}
 
@@ -91,3 +94,17 @@ def test_sft_ends_with_its_benchmark_scored_as_lapstudy_eval_scores_its_checkpoi
     printed = {line.split(":")[0]: float(line.split(":")[1]) for line in scored.stdout.splitlines()
                if line.startswith("eval_")}
     assert printed["eval_arc_easy_acc"] == pytest.approx(accuracy, abs=5e-7)  # printed to 6 decimals
+
+
+def test_sft_ends_with_gsm8k_sampled_nanochats_way_as_lapstudy_eval_samples_it(chat_study):
+    """The stage's second `evaluate:` entry, with its own samples and temperature: GSM8K pass@1 of 2 samples with the
+    calculator, at the stage's last epoch; `lapstudy eval` of the checkpoint, with the run's seed, draws the same."""
+    [(step, passed)] = metric_history(chat_study["uri"], chat_study["run"].info.run_id, "sft/eval_gsm8k_chat_pass_at_1")
+    assert step == PRETRAIN + MIDTRAIN + SFT and 0.0 <= passed <= 1.0
+    final = chat_study["rows"][-1]
+    config = chat_study["root"] / "studies" / "chat" / "trials" / f"{final['trial_id']}.yaml"
+    scored = lapstudy("eval", config, "--checkpoint", final["checkpoint_path"], "--tasks", "gsm8k_chat",
+                      "--include-path", GSM8K, "--limit", SAMPLED["limit"], "--num-samples", SAMPLED["num_samples"],
+                      "--temperature", SAMPLED["temperature"], cwd=chat_study["root"])
+    assert scored.returncode == 0, scored.stdout[-2000:] + scored.stderr[-2000:]
+    assert f"eval_gsm8k_chat_pass_at_1: {passed:.6f}" in scored.stdout

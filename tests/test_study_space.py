@@ -89,8 +89,11 @@ def _language_model_space(**changes) -> dict:
 
 @pytest.mark.parametrize("evaluate, words", [
     ({"tasks": ["humaneval"]}, ["evaluate", "allow_code_execution: true"]),
-    ({"tasks": []}, ["evaluate.tasks", "at least 1"]),
-    ({"tasks": ["mmlu"], "limit": 0}, ["evaluate.limit"]),
+    ({"tasks": []}, ["evaluate.0.tasks", "at least 1"]),
+    ({"tasks": ["mmlu"], "limit": 0}, ["evaluate.0.limit"]),
+    ({"tasks": ["gsm8k_chat"], "num_samples": 10}, ["evaluate", "temperature", "num_samples 10"]),
+    ([{"tasks": ["mmlu", "gsm8k_chat"]}, {"tasks": ["gsm8k_chat"], "num_samples": 10, "temperature": 1.0}],
+     ["evaluate", "gsm8k_chat in more than one entry"]),
 ])
 def test_bad_benchmarks_fail_with_one_line_naming_the_field(evaluate, words):
     with pytest.raises(UserError) as info:
@@ -105,7 +108,7 @@ def test_a_hub_benchmark_offline_fails_before_anything_starts_naming_include_pat
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     space = parse_space(_language_model_space(evaluate={"tasks": ["arc_challenge"]}))
     with pytest.raises(UserError, match="arc_challenge.*--include-path"):
-        check_evaluation_tasks(space.evaluate)
+        check_evaluation_tasks(*space.evaluate)
 
 
 def test_benchmark_task_folders_are_read_from_the_space_files_folder(tmp_path):
@@ -114,10 +117,33 @@ def test_benchmark_task_folders_are_read_from_the_space_files_folder(tmp_path):
                                            "evaluate": {"tasks": ["mmlu"], "include_path": ["../shared"]}}])
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     loaded = load_space(tmp_path / "space.yaml")
-    assert loaded.evaluate.include_path == [str(tmp_path / "tasks"), str(Path("~/more").expanduser())]
-    assert loaded.stages[0].evaluate.include_path == [str(tmp_path / "../shared")]
+    assert loaded.evaluate[0].include_path == [str(tmp_path / "tasks"), str(Path("~/more").expanduser())]
+    assert loaded.stages[0].evaluate[0].include_path == [str(tmp_path / "../shared")]
     spec = loaded.run_spec(loaded.resolve({"lr": 1e-3, "schedule": "uniform", "k": 0}), Resources())
     assert [run.evaluate for _, _, run in spec.stage_runs()] == [loaded.evaluate, loaded.stages[0].evaluate]
+
+
+def test_the_last_stages_benchmarks_may_be_the_objective_without_asha():
+    stages = [{"name": "sft", "task": "language_modeling", "epochs": 1,
+               "evaluate": [{"tasks": ["gsm8k_chat"], "num_samples": 10, "temperature": 1.0}]}]
+    space = parse_space(_language_model_space(stages=stages, metric="sft/eval_gsm8k_chat_pass_at_10", mode="max",
+                                              scheduler="none"))
+    assert space.final_metric_prefixes() == ("sft/eval_gsm8k_chat_",) and not space.reported_every_epoch()
+    with pytest.raises(UserError, match="reported at the trial's end only.*scheduler: none"):
+        parse_space(_language_model_space(stages=stages, metric="sft/eval_gsm8k_chat_pass_at_10", mode="max",
+                                          scheduler={"kind": "asha", "grace_period": 1}))
+    with pytest.raises(UserError, match="or the last stage's benchmarks \\(sft/eval_gsm8k_chat_<metric>\\)"):
+        parse_space(_language_model_space(stages=stages, metric="sft/eval_mmlu_acc", scheduler="none"))
+    assert parse_space(_language_model_space()).reported_every_epoch()
+
+
+def test_benchmarks_with_their_own_settings_go_in_entries_of_their_own():
+    space = parse_space(_language_model_space(evaluate=[
+        {"tasks": ["arc_easy", "mmlu"]},
+        {"tasks": ["gsm8k_chat"], "num_samples": 10, "temperature": 1.0}]))
+    assert [(e.tasks, e.num_samples, e.temperature) for e in space.evaluate] == [
+        (["arc_easy", "mmlu"], 1, 0.0), (["gsm8k_chat"], 10, 1.0)]
+    assert parse_space(_language_model_space()).evaluate == []
 
 
 @pytest.mark.parametrize("change, words", BAD_SPACES, ids=[str(i) for i in range(len(BAD_SPACES))])

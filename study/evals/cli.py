@@ -9,8 +9,7 @@ import re
 import time
 
 from study.errors import UserError
-from study.evals.evaluate import HUMANEVAL, evaluate_model, harness_task_manager
-from study.evals.humaneval import find_problem_file, load_problems
+from study.evals.evaluate import HUMANEVAL, OWN_TASKS, check_tasks, evaluate_model
 from study.evals.load import load_model
 from study.evals.sandbox import CodeExecutionNotAllowed
 
@@ -22,7 +21,7 @@ def parse_tasks(text: str) -> list[str]:
     bad = [t for t in tasks if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t)]
     if not tasks or bad:
         raise UserError(f"--tasks {text!r}: expected comma-separated task names, e.g. arc_easy,arc_challenge,mmlu,"
-                        f"gsm8k,{HUMANEVAL}")
+                        f"gsm8k,{','.join(OWN_TASKS)}")
     return list(dict.fromkeys(tasks))
 
 
@@ -36,7 +35,7 @@ def check_flags(args) -> list[str]:
         raise UserError(f"--temperature: must be >= 0, got {args.temperature:g}")
     if args.num_samples > 1 and args.temperature == 0:
         raise UserError(f"--temperature: must be > 0 with --num-samples {args.num_samples} (greedy samples are all "
-                        "the same); e.g. 0.8 as the Codex paper's pass@10")
+                        "the same); e.g. 0.8 as the Codex paper's pass@10, 1.0 as nanochat's GSM8K pass@k")
     if HUMANEVAL in tasks and not args.allow_code_execution:
         raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
     if args.run_id and not args.tracking_uri:
@@ -51,11 +50,7 @@ def check_flags(args) -> list[str]:
 
 def run_eval(args) -> int:
     tasks = check_flags(args)
-    harness_tasks = [t for t in tasks if t != HUMANEVAL]
-    if harness_tasks:  # fails fast (offline, unknown) before the model is loaded
-        harness_task_manager(harness_tasks, args.include_path)
-    if HUMANEVAL in tasks:
-        load_problems(find_problem_file(args.include_path))
+    check_tasks(tasks, args.include_path)  # fails fast (offline, unknown) before the model is loaded
     model, tokenizer, spec = load_model(args.run, args.checkpoint, device=args.device)
     print(f"evaluating {args.run} ({tokenizer.name} tokens, context {model.config.context_length}) on "
           f"{', '.join(tasks)}", flush=True)

@@ -5,7 +5,8 @@ adapter), with its task definitions: the harness's own, or YAML configs in `incl
 precedence over a harness task of the same name (so `--include-path` gives `arc_easy` over a local copy of the data).
 A harness task reads its data from the Hugging Face hub; when the hub cannot be reached such a task fails before
 anything runs, naming `--include-path`. `humaneval` runs through study/evals/humaneval.py (generation by the adapter,
-execution by the sandbox), and only with `allow_code_execution`.
+execution by the sandbox), and only with `allow_code_execution`; `gsm8k_chat`, GSM8K as nanochat scores a chat model
+(sampled completions with the calculator tool, pass@k), through study/evals/gsm8k.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from study.data.hub import hub_reachable
 from study.errors import UserError
+from study.evals import gsm8k
 from study.evals.harness import LapstudyLM
 from study.evals.load import tokenizer_for
 from study.evals.humaneval import evaluate_humaneval, find_problem_file, load_problems
@@ -23,6 +25,7 @@ from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
 from study.runspec import EvaluationSpec
 
 HUMANEVAL = "humaneval"
+OWN_TASKS = (HUMANEVAL, gsm8k.TASK)  # not lm_eval's: this project's definitions
 
 
 def metric_name(task: str, metric: str, filter_name: str = "none") -> str:
@@ -55,7 +58,7 @@ def harness_task_manager(names: Iterable[str], include_path: Iterable[Path] = ()
     unknown = [n for n in rest if n not in manager.all_tasks]
     if unknown:
         raise UserError(f"--tasks {','.join(unknown)}: no such lm_eval task (e.g. arc_easy, arc_challenge, mmlu, gsm8k, "
-                        f"{HUMANEVAL}); see `lm_eval ls tasks` or --include-path")
+                        f"{', '.join(OWN_TASKS)}); see `lm_eval ls tasks` or --include-path")
     return manager
 
 
@@ -66,17 +69,24 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
                    log: Callable[[str], None] = print) -> dict[str, float]:
     """Evaluate `model` (a GPT) with `tokenizer` (study/data/text.py's) on `tasks`; {"eval_<task>_<metric>": value}.
 
-    `limit`: the first N examples of each task. `num_samples`, `temperature`: HumanEval's samples per problem
-    (pass@k for k in 1, 10 up to num_samples). `include_defaults=False` keeps to the tasks of `include_path`."""
+    `limit`: the first N examples of each task. `num_samples`, `temperature`: the samples per problem of HumanEval and
+    gsm8k_chat (pass@k for k in 1, 10 up to num_samples). `include_defaults=False` keeps to the tasks of
+    `include_path`."""
     tasks = list(dict.fromkeys(tasks))
     if HUMANEVAL in tasks and allow_code_execution is not True:
         raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
     include_path = [Path(p) for p in include_path]
-    harness_tasks = [t for t in tasks if t != HUMANEVAL]
+    harness_tasks = [t for t in tasks if t not in OWN_TASKS]
     manager = harness_task_manager(harness_tasks, include_path, include_defaults) if harness_tasks else None
     problems = None
     if HUMANEVAL in tasks:
         problems = load_problems(find_problem_file(include_path))[:limit]
+    gsm8k_problems = None
+    if gsm8k.TASK in tasks:
+        if not getattr(tokenizer, "chat", False):
+            raise UserError(f"--tasks {gsm8k.TASK}: the model's vocabulary has no chat tokens (train it with "
+                            "chat_tokens: true or on chat data, as nanochat's stages do)")
+        gsm8k_problems = gsm8k.load_problems(include_path)[:limit]
     lm = LapstudyLM(model, tokenizer, batch_size=batch_size, seed=seed)
     metrics: dict[str, float] = {}
     if harness_tasks:
@@ -99,17 +109,29 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
         values, _ = evaluate_humaneval(lm, problems, allow_code_execution=True, num_samples=num_samples,
                                        temperature=temperature, max_gen_toks=max_gen_toks, limits=limits, log=log)
         metrics.update({metric_name(HUMANEVAL, k): v for k, v in values.items()})
+    if gsm8k_problems is not None:
+        with lm._autocast():
+            values, _ = gsm8k.evaluate_gsm8k(model, tokenizer, gsm8k_problems, num_samples=num_samples,
+                                             temperature=temperature, seed=seed, log=log)
+        metrics.update({metric_name(gsm8k.TASK, k): v for k, v in values.items()})
     return dict(sorted(metrics.items()))
 
 
-def check_evaluation_tasks(evaluation: EvaluationSpec) -> None:
-    """What can fail before anything trains: an unknown task, a hub task offline, a missing HumanEval file."""
-    include_path = [Path(p) for p in evaluation.include_path]
-    harness_tasks = [t for t in evaluation.tasks if t != HUMANEVAL]
+def check_tasks(tasks: list[str], include_path: Iterable[Path]) -> None:
+    """What can fail before a model is trained or loaded: an unknown task, a hub task offline, a missing HumanEval
+    file."""
+    include_path = [Path(p) for p in include_path]
+    harness_tasks = [t for t in tasks if t not in OWN_TASKS]
     if harness_tasks:
         harness_task_manager(harness_tasks, include_path)
-    if HUMANEVAL in evaluation.tasks:
+    if HUMANEVAL in tasks:
         load_problems(find_problem_file(include_path))
+    if gsm8k.TASK in tasks and not gsm8k.find_local_split(include_path):
+        gsm8k.load_problems(include_path)  # the hub: fails at once offline, naming --include-path
+
+
+def check_evaluation_tasks(evaluation: EvaluationSpec) -> None:
+    check_tasks(evaluation.tasks, evaluation.include_path)
 
 
 def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int,
@@ -122,5 +144,5 @@ def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int,
                           num_fewshot=evaluation.num_fewshot, apply_chat_template=evaluation.chat, seed=seed, log=log)
 
 
-__all__ = ["ALLOW_FLAG", "HUMANEVAL", "check_evaluation_tasks", "evaluate_model", "evaluate_stage",
+__all__ = ["ALLOW_FLAG", "HUMANEVAL", "OWN_TASKS", "check_evaluation_tasks", "check_tasks", "evaluate_model", "evaluate_stage",
            "harness_task_manager", "metric_name"]
