@@ -368,3 +368,34 @@ def test_schedule_sets_every_group():
     assert muon.param_groups[0]["momentum"] == pytest.approx(0.95)
     set_nanochat_schedule((adamw, muon), 30, 1000)
     assert muon.param_groups[0]["momentum"] == pytest.approx(0.86)
+
+
+def test_the_paper_space_is_the_stages_space_with_the_papers_grid_and_evaluations():
+    """search_spaces/gpt_d20_paper.yaml: the three stages as gpt_d20_stages.yaml runs them, k in {0, 5, 9} as the
+    paper's GSM8K table, and the SFT model scored as the paper: GSM8K pass@10 nanochat's way, the other four."""
+    from pathlib import Path
+
+    import yaml
+
+    from models import build_config
+    from study.space import load_space
+
+    spaces = Path(__file__).parent.parent / "search_spaces"
+    stages = yaml.safe_load((spaces / "gpt_d20_stages.yaml").read_text())
+    paper = yaml.safe_load((spaces / "gpt_d20_paper.yaml").read_text())
+    differing = {"name", "description", "metric", "mode", "parameters"}
+    assert {k: v for k, v in paper.items() if k not in differing | {"stages"}} == \
+        {k: v for k, v in stages.items() if k not in differing | {"stages"}}
+    assert [{k: v for k, v in s.items() if k != "evaluate"} for s in paper["stages"]] == \
+        [{k: v for k, v in s.items() if k != "evaluate"} for s in stages["stages"]]
+    assert paper["parameters"] == {"max_count": [0, 5, 9]}
+    space = load_space(spaces / "gpt_d20_paper.yaml")
+    assert (space.fixed["schedule"], space.fixed["start_layer"], space.fixed["increment"]) == ("ramp", 4, 1)
+    evaluations = {task: e for e in space.stages[-1].evaluate for task in e.tasks}
+    assert set(evaluations) == {"arc_easy", "arc_challenge", "mmlu", "gsm8k_chat", "humaneval"}
+    gsm = evaluations["gsm8k_chat"]
+    assert (gsm.num_samples, gsm.temperature) == (10, 1.0)  # pass@10 as nanochat's chat_rl samples it
+    assert space.metrics == ["sft/eval_gsm8k_chat_pass_at_10"] and space.modes == ["max"]
+    counts = {k: build_config({"preset": "gpt_d20", "schedule": "ramp", "start_layer": 4, "increment": 1,
+                               "max_count": k}).laplacian_counts for k in (0, 5, 9)}
+    assert counts[0] == [0] * 20 and counts[5][:9] == [0, 0, 0, 0, 1, 2, 3, 4, 5] and max(counts[9]) == 9
