@@ -21,6 +21,7 @@ import torch
 
 from models.gpt import sample_next_token
 from study.data.hub import hub_reachable
+from study.data.text import CHAT_SPECIAL_TOKENS
 from study.errors import UserError
 
 TASK = "gsm8k_chat"
@@ -105,8 +106,6 @@ class ChatText:
     """Text and the chat tokens of a tokenizer with `chat` (study/data/text.py), as nanochat's tokenizer renders them."""
 
     def __init__(self, tokenizer):
-        from study.data.text import CHAT_SPECIAL_TOKENS
-
         self.tokenizer = tokenizer
         self.special = {name: tokenizer.special_id(name) for name in CHAT_SPECIAL_TOKENS}
         self.names = {i: name for name, i in self.special.items()}
