@@ -52,11 +52,10 @@ def main() -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
 
-    models, tokens = {}, None
-    for name, overrides in variants(args.start_layer, args.max_count).items():
-        models[name] = build_model({"preset": args.preset, "context_length": args.seq_len, **overrides}, device)
-        vocab = models[name].config.vocab_size
-        tokens = torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), device=device)
+    models = {name: build_model({"preset": args.preset, "context_length": args.seq_len, **overrides}, device)
+              for name, overrides in variants(args.start_layer, args.max_count).items()}
+    vocab = models["baseline"].config.vocab_size
+    tokens = torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), device=device)
     params = {name: count_parameters(model) for name, model in models.items()}
 
     peak_mb = {}

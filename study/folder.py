@@ -88,11 +88,7 @@ class StudyFolder:
 
     def write_trial_config(self, trial_id: str, text: str) -> None:
         """From the trial's process, on any node: straight to storage."""
-        if self.remote:
-            write_text(join(self.remote, TRIALS_DIR, f"{trial_id}.yaml"), text)
-        else:
-            self.trials_dir.mkdir(parents=True, exist_ok=True)
-            self.trial_config(trial_id).write_text(text)
+        write_text(join(self.location, TRIALS_DIR, f"{trial_id}.yaml"), text)
 
     def pull(self, *names: str) -> StudyFolder:
         """Replace the local copy with what storage holds, or only these files of it (a local study is its own

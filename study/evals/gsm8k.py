@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 
 from models.gpt import sample_next_token
+from study.data.chat import render_conversation
 from study.data.hub import hub_reachable
 from study.data.text import CHAT_SPECIAL_TOKENS
 from study.errors import UserError
+from study.evals.harness import TextTokenizer
 
 TASK = "gsm8k_chat"
 HUB_DATASET, HUB_CONFIG = "openai/gsm8k", "main"
@@ -106,35 +108,31 @@ class ChatText:
     """Text and the chat tokens of a tokenizer with `chat` (study/data/text.py), as nanochat's tokenizer renders them."""
 
     def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+        self.tokenizer, self.plain = tokenizer, TextTokenizer(tokenizer)
         self.special = {name: tokenizer.special_id(name) for name in CHAT_SPECIAL_TOKENS}
         self.names = {i: name for name, i in self.special.items()}
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode([text])[0].tolist()
+        return self.plain.encode(text)
 
     def decode(self, ids: list[int]) -> str:
+        """Text, each chat token written as its name."""
         text, run = [], []
         for i in [*ids, None]:
             if i is None or i in self.names:
-                if run:
-                    text.append(self._decode_plain(run))
-                    run = []
+                text.append(self.plain.decode(run))
+                run = []
                 if i is not None:
                     text.append(self.names[i])
             else:
                 run.append(i)
         return "".join(text)
 
-    def _decode_plain(self, ids: list[int]) -> str:
-        if self.tokenizer.kind == "byte":
-            return bytes(ids).decode("utf-8", errors="replace")
-        return self.tokenizer._encoding.decode_bytes(ids).decode("utf-8", errors="replace")
-
     def prompt(self, question: str) -> list[int]:
-        """nanochat's `render_for_completion` of a one-question conversation."""
-        return [self.special["<|bos|>"], self.special["<|user_start|>"], *self.encode(question),
-                self.special["<|user_end|>"], self.special["<|assistant_start|>"]]
+        """nanochat's `render_for_completion` of a one-question conversation: the user's turn as training renders
+        it, then the start of the assistant's."""
+        ids, _ = render_conversation([{"role": "user", "content": question}], self.tokenizer)
+        return [*ids.tolist(), self.special["<|assistant_start|>"]]
 
 
 @torch.no_grad()
