@@ -329,8 +329,10 @@ def tune_results(study_dir: Path) -> dict[str, list[dict]]:
 
 
 def live_results(ray_tmp: Path, study: str) -> dict[str, list[dict]]:
-    """The same records as Tune writes them, in its staging folder inside the Ray session (up to date)."""
-    return _read_results(Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/*/result.json"))
+    """The same records as Tune writes them, in its staging folder inside the Ray session (up to date). Each file
+    once: `session_latest` is a link to the newest session's folder."""
+    files = Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/*/result.json")
+    return _read_results({path.resolve() for path in files})
 
 
 def wait_for_epoch(study: "Lapstudy", ray_tmp: Path, name: str, epoch: int, what: str, *,
@@ -347,16 +349,15 @@ def wait_for_epoch(study: "Lapstudy", ray_tmp: Path, name: str, epoch: int, what
     return wait_for(reached, timeout, f"a trial to report epoch {epoch} ({what})")
 
 
-def live_trials(ray_tmp: Path, study: str) -> int:
-    """How many trials Tune has started so far (their folders in its staging folder)."""
-    return len(list(Path(ray_tmp).glob(f"ray/session_*/artifacts/*/{study}/driver_artifacts/trial_*/")))
-
-
 def _read_results(paths) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {}
     for path in sorted(paths):
         rows = []
-        for line in path.read_text().splitlines():
+        try:
+            text = path.read_text()
+        except FileNotFoundError:  # listed, then removed by Tune before it could be read (a live folder)
+            continue
+        for line in text.splitlines():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:  # a line being written right now
