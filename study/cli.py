@@ -223,7 +223,7 @@ def _read_study(location: str):
     from study.folder import StudyFolder
     from study.storage import check_reachable
 
-    check_reachable(location)
+    check_reachable(location, "STUDY_DIR")
     return StudyFolder.at(location, reading=True).pull()
 
 

@@ -33,15 +33,15 @@ def is_remote(location: str | os.PathLike) -> bool:
     return "://" in location and urlsplit(location).scheme not in ("", "file")
 
 
-def filesystem(location: str) -> tuple[pyarrow.fs.FileSystem, str]:
-    """The file system holding `location` and the path within it."""
+def filesystem(location: str, argument: str = "--storage") -> tuple[pyarrow.fs.FileSystem, str]:
+    """The file system holding `location` and the path within it; `argument` names where the user gave it."""
     if not is_remote(location):
         return pyarrow.fs.LocalFileSystem(), str(Path(location).absolute())
     try:
         return pyarrow.fs.FileSystem.from_uri(location)
     except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, OSError) as exc:
-        raise UserError(f"--storage {location}: pyarrow cannot open it ({' '.join(str(exc).split())}); use a local "
-                        "folder, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX") from None
+        raise UserError(f"{argument} {location}: pyarrow cannot open it ({' '.join(str(exc).split())}); use a "
+                        "local folder, s3://BUCKET/PREFIX or gs://BUCKET/PREFIX") from None
 
 
 def join(location: str, *parts: str) -> str:
@@ -57,18 +57,20 @@ def staging_folder(location: str, purpose: str = "work") -> Path:
     return root / purpose / parts.scheme / parts.netloc / parts.path.strip("/")
 
 
-def check_reachable(location: str) -> None:
-    """UserError unless the bucket of a location in object storage can be read (before anything is started)."""
+def check_reachable(location: str, argument: str = "--storage") -> None:
+    """UserError unless the bucket of a location in object storage can be read (before anything is started);
+    `argument` names where the user gave the location."""
     if not is_remote(location):
         return
-    fs, path = filesystem(location)
+    fs, path = filesystem(location, argument)
     bucket = path.split("/", 1)[0]
     try:
         found = fs.get_file_info(bucket).type != pyarrow.fs.FileType.NotFound
     except OSError as exc:
-        raise UserError(f"--storage {location}: cannot reach it ({' '.join(str(exc).split())})") from None
+        raise UserError(f"{argument} {location}: cannot reach it ({' '.join(str(exc).split())})") from None
     if not found:
-        raise UserError(f"--storage {location}: bucket {bucket!r} not found (or not visible with these credentials)")
+        raise UserError(f"{argument} {location}: bucket {bucket!r} not found (or not visible with these "
+                        "credentials)")
 
 
 def exists(location: str) -> bool:

@@ -107,7 +107,8 @@ def test_a_missing_bucket_is_refused_by_every_command(object_store, tmp_path, ca
                     "http://127.0.0.1:9"], capsys)
     assert "--storage s3://absent-bucket/studies" in err and "not found" in err
     for command in ("status", "export", "report", "sync"):
-        assert "absent-bucket" in _refused([command, "s3://absent-bucket/studies/s"], capsys)
+        err = _refused([command, "s3://absent-bucket/studies/s"], capsys)
+        assert "STUDY_DIR s3://absent-bucket/studies/s" in err and "not found" in err and "--storage" not in err
 
 
 def test_a_location_that_holds_no_study_is_named(bucket, capsys):
