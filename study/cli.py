@@ -100,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="one run of a run config through the same Ray Train loop")
     train.add_argument("config", type=user_path, metavar="CONFIG.yaml")
-    train.add_argument("--storage", type=user_path, default="studies/train", metavar="DIR",
-                       help="folder for the run and its MLflow store (default: ./studies/train)")
+    train.add_argument("--storage", type=user_location, default="studies/train", metavar="DIR_OR_URI",
+                       help="folder for the run and its MLflow store (default: ./studies/train), or object storage "
+                            "(s3://BUCKET/PREFIX, gs://...; needs --tracking-uri)")
     train.add_argument("--tracking-uri", metavar="URI", default=os.environ.get(TRACKING_URI_VARIABLE) or None,
                        help=f"MLflow tracking server (default: ${TRACKING_URI_VARIABLE} where set, else SQLite in "
                             "--storage)")

@@ -17,6 +17,7 @@ from study.runspec import Resources, check_run_config, complete_hyperparameters,
 from study.status import TrialStatus, trial_status
 from study.tasks import task_class
 from study.stages import run_stages
+from study.storage import check_reachable, is_remote, join, write_text
 from study.tracking import TrackingTarget, close_run, open_experiment, redact
 from study.trainer import RunSetup, plan_run
 from study.yamlio import dump_yaml
@@ -24,10 +25,12 @@ from study.yamlio import dump_yaml
 EXPERIMENT = "lapstudy-train"
 
 
-def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: str | None,
+def train_once(path: Path, *, storage: str, tracking_uri: str | None, address: str | None,
                resources: dict) -> int:
-    """`resources`: the worker settings given on the command line, over the config's (an exact reproduction needs
-    the config's own)."""
+    """`storage`: a local folder or a location in object storage (then `tracking_uri` is a server: the default
+    SQLite store cannot live there). `resources`: the worker settings given on the command line, over the config's
+    (an exact reproduction needs the config's own)."""
+    check_reachable(storage)
     spec = load_run_spec(path)
     if resources:
         spec = spec.model_copy(update={"resources": Resources(**{**spec.resources.model_dump(), **resources})})
@@ -43,18 +46,19 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
             plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data.num_train)
 
     request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources,
-                      storage=str(storage),
+                      storage=storage,
                       experiment=EXPERIMENT, new_experiment=False, tracking_uri=tracking_uri, address=address)
     task_data = preflight(request, check_configs).task_data
     complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
     spec = spec.model_copy(update={"hyperparameters": complete})
-    storage.mkdir(parents=True, exist_ok=True)
-    tracking_uri, experiment_id = open_experiment(tracking_uri, storage, EXPERIMENT, must_be_new=False)
+    if not is_remote(storage):  # the default MLflow store goes in it (preflight refused that for a bucket)
+        Path(storage).mkdir(parents=True, exist_ok=True)
+    tracking_uri, experiment_id = open_experiment(tracking_uri, Path(storage), EXPERIMENT, must_be_new=False)
     name = f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    (storage / f"{name}.yaml").write_text(dump_yaml(spec.document()))
+    write_text(join(storage, f"{name}.yaml"), dump_yaml(spec.document()))
     # Its name is also its MLflow run's trial id: every stage finds the one run. One worker trains in this process,
     # as a study's one-worker trial does in its own.
-    setup = RunSetup(storage_path=str(storage), tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None),
+    setup = RunSetup(storage_path=storage, tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None),
                      in_process=trains_in_trial(spec.resources, ray.cluster_resources(), {}))
     print(f"training {path} as run {name} ({spec.total_epochs} epochs, {spec.resources.workers} worker(s)); "
           f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)
@@ -73,7 +77,7 @@ def train_once(path: Path, *, storage: Path, tracking_uri: str | None, address: 
                                                                            for stage in spec.stages)]
                  for metric in ("train_loss", *task_class(task).quality_metrics))
     print(comparison(metrics, spec.provenance.get("final_metrics") or {}, keys), flush=True)
-    print(f"MLflow run {run_id} in experiment {EXPERIMENT!r}; checkpoints in {storage / name}", flush=True)
+    print(f"MLflow run {run_id} in experiment {EXPERIMENT!r}; checkpoints in {join(storage, name)}", flush=True)
     ray.shutdown()
     return 0 if status is TrialStatus.COMPLETED else 1
 

@@ -9,6 +9,7 @@ import uuid
 import pyarrow.fs
 import pytest
 import ray
+import yaml
 
 from fault_fixtures import tiny_space, write_space
 from servers import object_store  # noqa: F401 - the S3-compatible server
@@ -97,6 +98,11 @@ def test_object_storage_without_a_tracking_server_is_refused(bucket, tmp_path, c
     monkeypatch.delenv("LAPSTUDY_TRACKING_URI", raising=False)
     space = write_space(tmp_path / "s.yaml", tiny_space(name="s"))
     err = _refused(["run", str(space), "--storage", join(bucket, "studies")], capsys)
+    assert "--storage s3://" in err and "--tracking-uri" in err
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"task": "classification", "dataset": {"source": "digits"}, "epochs": 1,
+                                      "seed": 0, "hyperparameters": {"preset": "vit_tiny_digits"}}))
+    err = _refused(["train", str(config), "--storage", join(bucket, "retrain")], capsys)
     assert "--storage s3://" in err and "--tracking-uri" in err
     assert _files(bucket) == {}  # nothing written
 

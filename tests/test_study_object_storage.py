@@ -22,6 +22,7 @@ from fault_fixtures import (
     mlflow_server,
     private_ray_tmp,
     resume_study,
+    run_lapstudy,
     study_env,
     study_run,
     tiny_space,
@@ -102,6 +103,12 @@ def stored(object_store, tmp_path_factory):  # noqa: F811 - the fixture imported
             state.database_runs = {row[0]: row[1] for row in connection.execute(sqlalchemy.text(
                 "SELECT run_uuid, status FROM runs WHERE lifecycle_stage = 'active'"))}
         engine.dispose()
+        # The best trial's config retrained with its run kept in the bucket too, as on a cluster.
+        (config,) = (root / "best").glob("*.yaml")
+        state.retrain_location = join(bucket, "retrain")
+        state.retrain = run_lapstudy(["train", config, "--storage", state.retrain_location, "--tracking-uri",
+                                      server.url], env, timeout=300, cwd=root)
+        state.retrain_runs = mlflow_runs(server.url, "lapstudy-train")
     return state
 
 
@@ -144,3 +151,18 @@ def test_status_and_export_read_the_study_from_storage(stored):
     (code, printed) = stored.export
     exported = sorted((stored.root / "best").glob("*.yaml"))
     assert code == 0 and len(exported) == 1 and "lapstudy train" in exported[0].read_text(), printed
+
+
+def test_an_exported_config_retrains_with_its_run_in_the_bucket(stored):
+    """`lapstudy train --storage s3://...`: the run's config and checkpoints go to the bucket, its MLflow run to the
+    server, and on CPU it repeats the trial's final metrics exactly."""
+    printed = stored.retrain.stdout + stored.retrain.stderr
+    assert stored.retrain.returncode == 0, printed
+    keys = _keys(stored.retrain_location)
+    (config,) = [k for k in keys if "/" not in k and k.endswith(".yaml")]
+    name = config[:-len(".yaml")]
+    assert len([k for k in keys if k.startswith(f"{name}/checkpoint_") and k.endswith("/state.pt")]) == 2, keys
+    (runs,) = stored.retrain_runs.values()
+    assert [run["status"] for run in runs] == ["FINISHED"]
+    assert [step for step, _ in runs[0]["history"]["epoch"]] == list(range(1, EPOCHS + 1))
+    assert "val_acc" in printed and "(identical)" in printed and "differs" not in printed, printed
