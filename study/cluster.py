@@ -76,10 +76,10 @@ def filesystem_type(path: Path, mounts_file: str | None = None) -> str | None:
 def check_tracking_store(tracking_uri: str | None, storage: str, address: str | None,
                          hosts: set[str] | None = None) -> None:
     """Refuse a SQLite tracking store for a study that spans machines or is kept in object storage. `tracking_uri`
-    None is the default SQLite store in the study folder under `storage`. Before Ray starts (`hosts` None): a joined cluster (`address`) with
-    the store on a network filesystem, whose nodes (and the autoscaler's later ones) would all write that file
-    (SQLite's locking is not safe over NFS: a corrupt or locked store). After it (`hosts`: the machines of the
-    cluster's nodes): nodes on several machines, each of which would open its own SQLite file."""
+    None is the default SQLite store in the study folder under `storage`. Before Ray starts (`hosts` None): a joined
+    cluster (`address`) with the store on a network filesystem, whose nodes (and the autoscaler's later ones) would
+    all write that file (SQLite's locking is not safe over NFS: a corrupt or locked store). After it (`hosts`: the
+    machines of the cluster's nodes): nodes on several machines, each of which would open its own SQLite file."""
     if tracking_uri is None and is_remote(storage):
         raise UserError(f"--storage {storage}: the study's default MLflow store is a SQLite file in its folder, which "
                         f"object storage cannot hold; pass --tracking-uri: an MLflow server (e.g. http://HEAD:5000, "

@@ -16,7 +16,7 @@ from ray import tune
 from study.callbacks import CloseTrialRuns, PushJournal, StudyProgress
 from study.data import TaskData, check_dataset
 from study.errors import UserError
-from study.evals.evaluate import check_evaluation_tasks
+from study.evals.evaluate import check_evaluations
 from study.folder import SPACE_FILE, StudyFolder, StudyRecord
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial, trial_driver_resources
@@ -174,8 +174,7 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
         space.check_configs(before_data=True)
         for stage in space.stages:
             check_dataset(stage.task, stage.dataset or space.dataset)
-        for evaluation in [*space.evaluate, *(e for stage in space.stages for e in stage.evaluate)]:
-            check_evaluation_tasks(evaluation)
+        check_evaluations(space)
         return
 
     def fits_the_data(hyperparameters):

@@ -45,8 +45,7 @@ class StageContext:
 
     name: str | None = None  # None: the run's first stage, whose metrics keep their names
     epoch_offset: int = 0  # the epochs of the stages before it: its epoch e is the run's epoch offset + e
-    carried_from: str | None = None  # the previous stage's last checkpoint (path or URI), whose `carry` this stage
-    # starts from
+    carried_from: str | None = None  # path or URI of the previous stage's last checkpoint, whose `carry` it takes
     carried_metrics: dict = field(default_factory=dict)  # the earlier stages' final metrics, reported along
 
     def named(self, metrics: dict) -> dict:

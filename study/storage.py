@@ -73,21 +73,9 @@ def check_reachable(location: str, argument: str = "--storage") -> None:
                         "credentials)")
 
 
-def exists(location: str) -> bool:
-    fs, path = filesystem(location)
-    return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
-
-
 def has_entries(location: str) -> bool:
     fs, path = filesystem(location)
     return bool(fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)))
-
-
-def subfolders(location: str) -> list[str]:
-    """The names of the folders directly in `location` (none if it does not exist)."""
-    fs, path = filesystem(location)
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-    return sorted(info.base_name for info in infos if info.type == pyarrow.fs.FileType.Directory)
 
 
 def write_text(location: str, text: str) -> None:
@@ -95,11 +83,6 @@ def write_text(location: str, text: str) -> None:
     fs.create_dir(posixpath.dirname(path), recursive=True)
     with fs.open_output_stream(path) as out:  # an object appears whole when the stream closes
         out.write(text.encode())
-
-
-def delete_folder(location: str) -> None:
-    fs, path = filesystem(location)
-    fs.delete_dir(path)
 
 
 def upload(local: Path, location: str) -> None:

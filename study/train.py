@@ -10,7 +10,7 @@ from pathlib import Path
 import ray
 
 from study.data import TaskData, load_task_data
-from study.evals.evaluate import check_evaluation_tasks
+from study.evals.evaluate import check_evaluations
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial
 from study.runspec import Resources, check_run_config, complete_hyperparameters, load_run_spec
@@ -39,14 +39,12 @@ def train_once(path: Path, *, storage: str, tracking_uri: str | None, address: s
     def check_configs(task_data: TaskData | None) -> None:
         if task_data is None:  # the model and training keys that need no data, the benchmarks' tasks
             check_run_config(spec.hyperparameters, spec.task, where=where, before_data=True)
-            for evaluation in [*spec.evaluate, *(e for stage in spec.stages for e in stage.evaluate)]:
-                check_evaluation_tasks(evaluation)
+            check_evaluations(spec)
         else:
             complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
             plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data.num_train)
 
-    request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources,
-                      storage=storage,
+    request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources, storage=storage,
                       experiment=EXPERIMENT, new_experiment=False, tracking_uri=tracking_uri, address=address)
     task_data = preflight(request, check_configs).task_data
     complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)

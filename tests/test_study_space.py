@@ -103,12 +103,12 @@ def test_bad_benchmarks_fail_with_one_line_naming_the_field(evaluate, words):
 
 
 def test_a_hub_benchmark_offline_fails_before_anything_starts_naming_include_path(monkeypatch):
-    from study.evals.evaluate import check_evaluation_tasks
+    from study.evals.evaluate import check_evaluations
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     space = parse_space(_language_model_space(evaluate={"tasks": ["arc_challenge"]}))
     with pytest.raises(UserError, match="arc_challenge.*--include-path"):
-        check_evaluation_tasks(*space.evaluate)
+        check_evaluations(space)
 
 
 def test_benchmark_task_folders_are_read_from_the_space_files_folder(tmp_path):

@@ -130,8 +130,10 @@ def check_tasks(tasks: list[str], include_path: Iterable[Path]) -> None:
         gsm8k.load_problems(include_path)  # the hub: fails at once offline, naming --include-path
 
 
-def check_evaluation_tasks(evaluation: EvaluationSpec) -> None:
-    check_tasks(evaluation.tasks, evaluation.include_path)
+def check_evaluations(run) -> None:
+    """check_tasks for every `evaluate:` entry of a run config or a space, its first stage's and each later one's."""
+    for evaluation in [*run.evaluate, *(entry for stage in run.stages for entry in stage.evaluate)]:
+        check_tasks(evaluation.tasks, evaluation.include_path)
 
 
 def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int,
@@ -144,5 +146,5 @@ def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int,
                           num_fewshot=evaluation.num_fewshot, apply_chat_template=evaluation.chat, seed=seed, log=log)
 
 
-__all__ = ["ALLOW_FLAG", "HUMANEVAL", "OWN_TASKS", "check_evaluation_tasks", "check_tasks", "evaluate_model", "evaluate_stage",
-           "harness_task_manager", "metric_name"]
+__all__ = ["ALLOW_FLAG", "HUMANEVAL", "OWN_TASKS", "check_evaluations", "check_tasks", "evaluate_model",
+           "evaluate_stage", "harness_task_manager", "metric_name"]
