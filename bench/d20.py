@@ -2,7 +2,8 @@
 memory of forward + backward in bf16, without Laplacian heads, with the paper's ramp (from layer 4, one more per
 layer, at most 5) and with STLT mixers in every layer. Measured side by side in one run, repeats interleaved,
 medians reported. Prints one JSON object with each variant's figures and their ratios to the baseline's
-(`ramp_vs_baseline` throughput: Laplacian heads cost no parameters and should cost next to no time).
+(`ramp_vs_baseline` throughput: Laplacian heads cost no parameters and should cost next to no time). Peak memory
+(CUDA) is what a step adds over the resident weights: its activations and gradients.
 
     python bench/d20.py --device cuda                       # the GPU check (bench/gpu_check.sh)
     python bench/d20.py --preset gpt_tiny --seq-len 128 --start-layer 1 --max-count 2  # on a CPU
@@ -63,10 +64,13 @@ def main() -> None:
         _step(model, tokens, device)
         _sync(device)
         if device.type == "cuda":
+            # What the step adds over what is resident (every variant's weights, kept for the interleaved timing):
+            # its activations and gradients, as bench/attention.py measures its cases.
             torch.cuda.reset_peak_memory_stats(device)
+            resident = torch.cuda.memory_allocated(device)
             _step(model, tokens, device)
             _sync(device)
-            peak_mb[name] = torch.cuda.max_memory_allocated(device) / 2**20
+            peak_mb[name] = (torch.cuda.max_memory_allocated(device) - resident) / 2**20
 
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(args.repeats):
