@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -14,9 +15,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from fault_fixtures import free_port
 
 from study.data import check_dataset
+from study.data.config import ChatPart
 from study.data.chat import PartFiles, conversation_of, read_parts, render_batch, render_conversation
+from study.data.spelling import read_words, simple_spelling, simple_spelling_words, spelling_bee
 from study.data.text import Tokenizer, TokenTargets
 from study.errors import UserError
 from study.tasks import GeometrySpec, task_class
@@ -199,3 +203,176 @@ def test_the_stage_spaces_load_and_the_laptop_copy_finds_its_fixtures_offline(mo
     assert (sft["matrix_lr"], sft["embedding_lr"], sft["unembedding_lr"]) == pytest.approx((0.02 * 0.02, 0.2 * 0.02,
                                                                                             0.004 * 0.02))
     assert sft["warmdown_ratio"] == 1.0 and sft["muon_momentum_warmup"] == 0
+
+
+SPELLING_REFERENCE = json.loads((FIXTURES / "spelling_reference.json").read_text())
+
+
+def test_spelling_tasks_make_nanochats_rows():
+    """Rows of SpellingBee and SimpleSpelling as nanochat's own tasks/spellingbee.py makes them from the same word
+    list (tests/fixtures/chat/make_spelling_reference.py), train and test seeds alike."""
+    words = read_words(str(FIXTURES / "words.txt"))
+    for key, rows in SPELLING_REFERENCE.items():
+        name, split = key.split("/")
+        for index, messages in rows.items():
+            made = (spelling_bee(words, int(index), split) if name == "spelling_bee"
+                    else simple_spelling(simple_spelling_words(words), int(index), split))
+            assert made == messages, (key, index)
+
+
+def test_spelling_answers_are_right_and_the_tool_output_is_not_a_target():
+    """Independent of nanochat: every SpellingBee answer is the letter's count in the word, by hand, by the tool call
+    and after '#### '; every SimpleSpelling answer spells its word; the tool's output is masked out of the loss."""
+    words = read_words(str(FIXTURES / "words.txt"))
+    questions = set()
+    for index in range(300):
+        user, assistant = spelling_bee(words, index, "train")
+        text, check, call, output, final = (part["text"] for part in assistant["content"])
+        word, letter = re.fullmatch(r"'(\w+)'\.count\('(\w)'\)", call).groups()
+        count = word.count(letter)
+        assert word in words and output == str(count) and final.endswith(f"#### {count}")
+        assert f"{word}:{','.join(word)}\n" in text and text.count(" hit! count=") == count
+        assert text.endswith(f"This gives us {count}.") and word in user["content"] and letter in user["content"]
+        questions.add(user["content"])
+        spelled = simple_spelling(simple_spelling_words(words), index, "test")[1]["content"]
+        assert spelled.split(":")[1].replace(",", "") == spelled.split(":")[0]
+    assert len(questions) > 250  # templates, case, quotes and question marks vary
+    ids, mask = render_conversation([user, assistant], BYTES)
+    start, end = ids.tolist().index(OUT), ids.tolist().index(OUT_END)
+    assert bytes(ids[start + 1:end].tolist()).decode() == output and not mask[start:end + 1].any()
+    assert mask[ids.tolist().index(PY)] == 1
+
+
+def test_spelling_parts_generate_their_size_in_rows_from_the_word_list():
+    words = str(FIXTURES / "words.txt")
+    parts = [PartFiles("spelling_bee", (words,), size=5, split="test"),
+             PartFiles("simple_spelling", (words,), size=300, stop=3)]
+    read = list(read_parts({"part": np.array([0, 1])}, parts, rows_per_batch=2))
+    assert [len(chunk["messages"]) for chunk in read] == [2, 2, 1, 2, 1]
+    rows = [json.loads(m) for chunk in read for m in chunk["messages"]]
+    assert rows[2] == SPELLING_REFERENCE["spelling_bee/test"]["2"]
+    assert rows[5] == SPELLING_REFERENCE["simple_spelling/train"]["0"]
+
+
+@pytest.fixture
+def word_server():
+    """A real HTTP server handing out words.txt, counting its requests."""
+    import http.server
+    import threading
+
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(FIXTURES), **kwargs)
+
+        def do_GET(self):
+            requests.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/words.txt", requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_missing_word_list_is_fetched_once_from_its_url(tmp_path, word_server):
+    url, requests = word_server
+    path = tmp_path / "cache" / "words_alpha.txt"
+    config = {"source": "chat", "tokenizer": "byte",
+              "train": [{"name": "simple_spelling", "size": 4, "path": str(path), "url": url}],
+              "val": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}]}
+    check_dataset("language_modeling", config)  # the URL answers: no error, nothing fetched yet
+    assert not path.exists() and requests == []
+    parts = [PartFiles("simple_spelling", (str(path),), url=url, size=4)]
+    first = list(read_parts({"part": np.array([0, 0])}, parts))
+    assert path.read_bytes() == (FIXTURES / "words.txt").read_bytes() and requests == ["/words.txt"]
+    assert list(tmp_path.glob("cache/*.part")) == []
+    assert first[0]["messages"].tolist() == first[1]["messages"].tolist()
+    assert json.loads(first[0]["messages"][0]) == SPELLING_REFERENCE["simple_spelling/train"]["0"]
+
+
+def test_an_unfetchable_word_list_fails_fast_naming_the_offline_alternative(tmp_path, monkeypatch):
+    """The default word list is nanochat's, in nanochat's cache: without it and without a network, one line that names
+    the path, the URL and what to do instead."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    closed = free_port()
+    config = {"source": "chat", "tokenizer": "byte",
+              "train": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")},
+                        {"name": "spelling_bee", "size": 10, "url": f"http://127.0.0.1:{closed}/words_alpha.txt"}],
+              "val": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}]}
+    started = time.perf_counter()
+    with pytest.raises(UserError) as error:
+        check_dataset("language_modeling", config)
+    message = str(error.value)
+    assert time.perf_counter() - started < 5 and "\n" not in message
+    assert message.startswith(f"dataset.train[1].path: {tmp_path}/.cache/nanochat/words_alpha.txt is missing and "
+                              f"http://127.0.0.1:{closed}/words_alpha.txt cannot be fetched")
+    assert "offline, copy the file there or set the path to a local copy (a word list, one word per line)" in message
+    # Unless told otherwise, nanochat's list where nanochat keeps it (nanochat/common.py get_base_dir), fetched from
+    # where nanochat fetches it (tasks/spellingbee.py WORD_LIST_URL).
+    assert (ChatPart(name="spelling_bee", size=10).path, ChatPart(name="simple_spelling", size=1).url) == (
+        "~/.cache/nanochat/words_alpha.txt",
+        "https://raw.githubusercontent.com/dwyl/english-words/refs/heads/master/words_alpha.txt")
+
+
+def test_spelling_part_fields_are_checked():
+    jsonl = {"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}
+    for part, pattern in (({"name": "spelling_bee"}, r"dataset\.train\.0.*size is for name: spelling_bee, "
+                                                      r"simple_spelling, which need it"),
+                          ({"name": "gsm8k", "size": 3}, r"size is for name: spelling_bee, simple_spelling, not gsm8k"),
+                          ({"name": "gsm8k", "url": "http://x/y"}, r"url is for name: jsonl, spelling_bee, "
+                                                                   r"simple_spelling, not gsm8k"),
+                          ({"name": "simple_spelling", "size": 3, "split": "validation"},
+                           r"split: simple_spelling has train and test, got 'validation'"),
+                          ({"name": "simple_spelling", "size": 3, "path": "/nope.txt", "url": "ftp://x/words"},
+                           r"dataset\.train\[0\]\.url: must be an http\(s\) URL, got 'ftp://x/words'")):
+        with pytest.raises(UserError, match=pattern):
+            check_dataset("language_modeling", {"source": "chat", "train": [part], "val": [jsonl]})
+
+
+# nanochat's mixtures at e1770a3 as (task, split, stop, size), one entry per time a task is listed:
+# scripts/mid_train.py:98-111 and scripts/chat_sft.py:84-93 (CustomJSON of identity_conversations.jsonl: "identity").
+NANOCHAT_MIXTURES = {
+    "midtrain": {
+        "train": [("smoltalk", "train", None, None), ("mmlu_auxiliary_train", "train", None, None),
+                  ("gsm8k", "train", None, None), ("identity", None, None, None), ("identity", None, None, None),
+                  ("simple_spelling", "train", None, 200_000), ("spelling_bee", "train", None, 80_000)],
+        "val": [("smoltalk", "test", None, None), ("mmlu", "test", 5200, None), ("gsm8k", "test", 420, None)],
+    },
+    "sft": {
+        "train": [("arc_easy", "train", None, None), ("arc_challenge", "train", None, None),
+                  ("gsm8k", "train", None, None), ("smoltalk", "train", 10_000, None), ("identity", None, None, None),
+                  ("simple_spelling", "train", None, 300), ("spelling_bee", "train", None, 300)],
+        "val": [("smoltalk", "test", None, None)],
+    },
+}
+
+
+def _as_nanochat_task(part) -> list[tuple]:
+    if part.name == "jsonl":
+        assert part.path.endswith("/.cache/nanochat/identity_conversations.jsonl") and part.url == \
+            "https://karpathy-public.s3.us-west-2.amazonaws.com/identity_conversations.jsonl"
+        entry = ("identity", None, None, None)
+    else:
+        split = part.split or ("train" if part.name in ("spelling_bee", "simple_spelling") else part.hub[2])
+        entry = (part.name, split, part.stop, part.size)
+    return [entry] * part.repeat
+
+
+@pytest.mark.parametrize("space", ["gpt_d20_stages.yaml", "gpt_d20_paper.yaml"])
+def test_the_d20_stages_mix_nanochats_tasks(space):
+    """Every task nanochat's mid_train and chat_sft mix, as often, with the same split, stop and size: the hub sets,
+    the identity conversations (fetched from where nanochat fetches them) and the spelling tasks."""
+    from study.space import load_space
+
+    stages = {stage.name: stage for stage in load_space(Path(__file__).resolve().parents[1] / "search_spaces" / space)
+              .stages}
+    for name, sides in NANOCHAT_MIXTURES.items():
+        for side, expected in sides.items():
+            parts = getattr(stages[name].dataset, side)
+            assert [entry for part in parts for entry in _as_nanochat_task(part)] == expected, (name, side)

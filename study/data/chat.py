@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from study.data.config import SPELLING_PARTS
+from study.data.fetch import fetch_once
+from study.data.spelling import read_words, simple_spelling, simple_spelling_words, spelling_bee
 from study.data.text import Tokenizer
 
 MC_LETTERS = ("A", "B", "C", "D")
@@ -133,6 +136,9 @@ class PartFiles:
     files: tuple[str, ...]
     filesystem: object | None = None  # pyarrow filesystem of hub files; None: local paths
     stop: int | None = None
+    url: str | None = None  # a local file's source, fetched when the file is missing
+    size: int | None = None  # spelling parts: rows generated
+    split: str = "train"
 
 
 def read_parts(batch: dict, parts: list[PartFiles], rows_per_batch: int = 1024):
@@ -142,10 +148,14 @@ def read_parts(batch: dict, parts: list[PartFiles], rows_per_batch: int = 1024):
     import pyarrow.parquet as pq
 
     for index in batch["part"]:
-        part, left = parts[int(index)], parts[int(index)].stop
+        part = parts[int(index)]
+        if part.name in SPELLING_PARTS:
+            yield from _spelling_rows(part, rows_per_batch)
+            continue
+        left = part.stop
         for path in part.files:
             if part.name == "jsonl":
-                with open(path) as f:
+                with open(fetch_once(path, part.url)) as f:
                     lines = [line for line in f if line.strip()]
                 chunks = (lines[i:i + rows_per_batch] for i in range(0, len(lines), rows_per_batch))
             else:
@@ -161,6 +171,19 @@ def read_parts(batch: dict, parts: list[PartFiles], rows_per_batch: int = 1024):
                         break
             if left is not None and left <= 0:
                 break
+
+
+def _spelling_rows(part: PartFiles, rows_per_batch: int):
+    """The first `size` rows (or `stop`, if fewer) of a spelling task, generated from its word list."""
+    words = read_words(fetch_once(part.files[0], part.url))
+    if part.name == "simple_spelling":
+        words, make = simple_spelling_words(words), simple_spelling
+    else:
+        make = spelling_bee
+    count = min(part.size, part.stop or part.size)
+    for start in range(0, count, rows_per_batch):
+        rows = [make(words, i, part.split) for i in range(start, min(start + rows_per_batch, count))]
+        yield {"messages": np.array([json.dumps(messages) for messages in rows], dtype=object)}
 
 
 def render_batch(batch: dict, tokenizer: Tokenizer, seq_len: int, loss_on: str) -> dict:

@@ -1,6 +1,6 @@
 """The `chat` source: nanochat's mid-training and SFT mixtures (SmolTalk, MMLU, GSM8K, ARC from the hub or a local
-copy of it) and local JSONL conversations, rendered with nanochat's chat template inside Ray Data
-(study/data/chat.py)."""
+copy of it, its spelling tasks generated from a word list) and local JSONL conversations, rendered with nanochat's
+chat template inside Ray Data (study/data/chat.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import ray
 from study.data.build import TEXT_MAP_BATCH
 from study.data.chat import PartFiles, read_parts, render_batch
 from study.data.config import ChatConfig, ChatPart
+from study.data.fetch import check_fetchable
 from study.data.hub import MIRROR_ENV, hub_reachable, local_copy, resolve_parquet_files
 from study.data.task_data import TaskData
 from study.data.text import TokenTargets, resolve_tokenizer
@@ -27,8 +28,8 @@ def check_chat(cfg: ChatConfig) -> None:
     naming the offline alternative otherwise)."""
     for where, part in _parts(cfg):
         if part.hub is None:
-            if not os.path.isfile(os.path.expanduser(part.path)):
-                raise UserError(f"{where}.path: {part.path} does not exist (a .jsonl file of conversations)")
+            what = "a .jsonl file of conversations" if part.name == "jsonl" else "a word list, one word per line"
+            check_fetchable(part.path, part.url, f"{where}.path", what)
             continue
         if part.local_dir and not os.path.isdir(os.path.expanduser(part.local_dir)):
             raise UserError(f"{where}.local_dir: {part.local_dir} is not a folder (a local copy of {part.hub[0]})")
@@ -44,8 +45,9 @@ def check_chat(cfg: ChatConfig) -> None:
 
 def _part_files(part: ChatPart, where: str) -> PartFiles:
     """Where one part's rows are: its .jsonl file, or its split's parquet files in the hub or a local copy."""
-    if part.hub is None:
-        return PartFiles(part.name, (os.path.expanduser(part.path),), stop=part.stop)
+    if part.hub is None:  # fetched (when missing) where it is read: Ray Data's task may run on another node
+        return PartFiles(part.name, (os.path.expanduser(part.path),), stop=part.stop, url=part.url,
+                         size=part.size, split=part.split or "train")
     hub_id, config_name, default_split = part.hub
     hub = resolve_parquet_files(hub_id, config_name=config_name, revision=part.revision, local_dir=part.local_dir,
                                 source="chat", what=f"{hub_id} ({config_name or 'default'})")

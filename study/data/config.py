@@ -16,6 +16,8 @@ from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from study.data.spelling import WORD_LIST_PATH, WORD_LIST_URL
+
 AugmentLevel = Literal["none", "basic", "three_augment", "dino_multicrop"]
 # The fields that name files or folders: relative ones are read from the folder of the space or config that says so.
 PATH_FIELDS = ("path", "val_path", "local_dir", "tokenizer_file")
@@ -361,7 +363,8 @@ class WMT14Config(_TranslationSource):
     max_train_pairs: int | None = Field(None, ge=1, description="cap on training pairs (None: all 4.5M)")
 
 
-# Conversation sets (study/data/chat_sources.py): nanochat's mid-training and SFT data, or local JSONL.
+# Conversation sets (study/data/chat_sources.py): nanochat's mid-training and SFT data, local JSONL, or generated.
+SPELLING_PARTS = ("spelling_bee", "simple_spelling")
 CHAT_HUB_PARTS = {  # name: (hub id, hub configuration, default training split)
     "smoltalk": ("HuggingFaceTB/smol-smoltalk", None, "train"),
     "mmlu_auxiliary_train": ("cais/mmlu", "auxiliary_train", "train"),
@@ -373,24 +376,48 @@ CHAT_HUB_PARTS = {  # name: (hub id, hub configuration, default training split)
 
 
 class ChatPart(BaseModel):
-    """One set of conversations in a chat mixture: a hub dataset nanochat trains on (tasks/*.py), or local JSONL."""
+    """One set of conversations in a chat mixture: a hub dataset nanochat trains on (tasks/*.py), local JSONL, or one of
+    nanochat's spelling tasks generated from a word list (study/data/spelling.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Literal["smoltalk", "mmlu_auxiliary_train", "mmlu", "gsm8k", "arc_easy", "arc_challenge", "jsonl"]
-    split: str | None = Field(None, description="hub split (None: the part's training split)")
+    name: Literal["smoltalk", "mmlu_auxiliary_train", "mmlu", "gsm8k", "arc_easy", "arc_challenge", "jsonl",
+                  "spelling_bee", "simple_spelling"]
+    split: str | None = Field(None, description="hub split (None: the part's training split); spelling parts: train "
+                                                "or test")
     path: str | None = Field(None, description="jsonl: a file of conversations, one per line: a list of "
-                                               "{role, content} messages (nanochat's CustomJSON) or {messages: [...]}")
+                                               "{role, content} messages (nanochat's CustomJSON) or {messages: [...]}; "
+                                               "spelling parts: the word list, one word per line (default: "
+                                               "nanochat's, fetched from `url` when missing)")
+    url: str | None = Field(None, description="jsonl and spelling parts: where `path` is fetched from, once, when it "
+                                              "is missing (nanochat's identity conversations, its word list)")
+    size: int | None = Field(None, ge=1, description="spelling parts: rows generated (nanochat's size=)")
     local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
     revision: str | None = None
     stop: int | None = Field(None, ge=1, description="only the first rows (chat_sft: SmolTalk stop=10_000)")
     repeat: int = Field(1, ge=1, description="times the part enters the mixture (nanochat lists a part twice)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_word_list(cls, data):
+        """Spelling parts read nanochat's word list where nanochat keeps it, fetched from where nanochat fetches it."""
+        if isinstance(data, dict) and data.get("name") in SPELLING_PARTS and data.get("path") is None:
+            data = {**data, "path": WORD_LIST_PATH, "url": data.get("url") or WORD_LIST_URL}
+        return data
+
     @model_validator(mode="after")
-    def _check_path(self):
-        if (self.name == "jsonl") != (self.path is not None):
-            raise ValueError("path is for name: jsonl, which needs it" if self.path is None or self.name == "jsonl"
-                             else f"path is for name: jsonl, not {self.name}")
+    def _check_fields(self):
+        with_path = ("jsonl", *SPELLING_PARTS)
+        if self.name == "jsonl" and self.path is None:
+            raise ValueError("path is for name: jsonl, which needs it")
+        for field in ("path", "url"):
+            if getattr(self, field) is not None and self.name not in with_path:
+                raise ValueError(f"{field} is for name: {', '.join(with_path)}, not {self.name}")
+        if (self.name in SPELLING_PARTS) != (self.size is not None):
+            raise ValueError(f"size is for name: {', '.join(SPELLING_PARTS)}, which need it" if self.size is None
+                             else f"size is for name: {', '.join(SPELLING_PARTS)}, not {self.name}")
+        if self.name in SPELLING_PARTS and self.split not in (None, "train", "test"):
+            raise ValueError(f"split: {self.name} has train and test, got {self.split!r}")
         return self
 
     @property
