@@ -179,7 +179,7 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
 
     def fits_the_data(hyperparameters):
         complete = complete_hyperparameters(hyperparameters, task_data.model_overrides, space.task)
-        plan_run(space.run_spec(complete, resources), task_data.num_train)
+        plan_run(space.run_spec(complete, resources), task_data)
 
     space.check_configs(task_data.model_overrides, check=fits_the_data)
 

@@ -42,7 +42,7 @@ def train_once(path: Path, *, storage: str, tracking_uri: str | None, address: s
             check_evaluations(spec)
         else:
             complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
-            plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data.num_train)
+            plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data)
 
     request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources, storage=storage,
                       experiment=EXPERIMENT, new_experiment=False, tracking_uri=tracking_uri, address=address)

@@ -16,14 +16,15 @@ from study.storage import join
 from study.tracking import TrackingTarget
 
 
-def plan_run(spec: RunSpec, num_train: int | None) -> LoopPlan:
+def plan_run(spec: RunSpec, task_data) -> LoopPlan:
     """Per-worker batch and steps per epoch (which fix the learning-rate schedule); UserError if they cannot work."""
     workers, batch_size = spec.resources.workers, spec.train.batch_size
     if batch_size % workers:
         raise UserError(f"hyperparameters.batch_size: {batch_size} must be a multiple of the workers per trial ({workers})")
     per_worker = batch_size // workers
     # Ray splits the training rows equally over the workers and each drops its last partial batch.
-    available = None if num_train is None else (num_train // workers) // per_worker
+    rows = task_data.train_rows_per_worker(workers)
+    available = None if rows is None else rows // per_worker
     if spec.train.steps_per_epoch is not None:
         steps = spec.train.steps_per_epoch if available is None else min(spec.train.steps_per_epoch, available)
     elif available is None:
@@ -32,8 +33,8 @@ def plan_run(spec: RunSpec, num_train: int | None) -> LoopPlan:
         steps = available
     if steps < 1:
         raise UserError(
-            f"hyperparameters.batch_size: {batch_size} is larger than the training split ({num_train} rows over "
-            f"{workers} worker(s)); use at most {num_train // workers * workers}"
+            f"hyperparameters.batch_size: {batch_size} is larger than the training split ({task_data.num_train} rows "
+            f"over {workers} worker(s)); use at most {rows * workers}"
         )
     return LoopPlan(steps_per_epoch=steps, batch_per_worker=per_worker)
 
@@ -53,7 +54,7 @@ class RunSetup:
 def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: StageContext) -> TorchTrainer:
     """The trainer of one stage of a run. `name` + `setup.storage_path` identify it: a trainer built again with the
     same ones (a restarted trial) resumes from its latest checkpoint."""
-    plan = plan_run(spec, task_data.num_train)
+    plan = plan_run(spec, task_data)
     resources = spec.resources
     if setup.in_process:
         # The process already holds the run's one worker's CPUs and GPUs (the trial asked Tune for them).

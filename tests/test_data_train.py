@@ -62,3 +62,55 @@ def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tm
     train = [s["train"] for s in seen]
     assert not set(train[0]) & set(train[1])  # disjoint training shards (digits has no duplicate images)
     assert len(train[0]) == len(train[1]) == (1437 // 2) // 32 * 32
+
+
+def _repeated_loop(config):
+    import ray.train
+
+    task_data, steps = config["task_data"], config["steps"]
+    rank = ray.train.get_context().get_world_rank()
+    batches = list(task_data.train_batches(ray.train.get_dataset_shard("train"), batch_size=16, epoch=1, seed=5,
+                                           device="cpu", rank=rank))
+    images = [img.numpy().tobytes().hex() for b in batches[:steps] for img in b["image"]]
+    labels = [int(y) for b in batches[:steps] for y in b["label"]]
+    with open(f"{config['out']}/repeated{rank}.json", "w") as f:
+        json.dump({"batches": len(batches), "sizes": sorted({len(b["label"]) for b in batches}), "images": images,
+                   "labels": labels}, f)
+
+
+@pytest.mark.slow
+def test_repeated_augmentation_in_two_train_workers(ray_local, tmp_path):
+    """`repeated_aug: 3` with two Train workers: each gets at least the steps the plan counts on, in batches of its
+    share of the batch, its images' copies side by side, and no image in both workers' epochs."""
+    from types import SimpleNamespace
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from study.trainer import plan_run
+
+    config = {"source": "digits", "augment": "basic", "repeated_aug": 3, "crop_scale": [1.0, 1.0],
+              "crop_ratio": [1.0, 1.0]}
+    task_data = load_task_data("classification", parse_dataset_config(config), seed=5)
+    plan = plan_run(SimpleNamespace(resources=SimpleNamespace(workers=2),
+                                    train=SimpleNamespace(batch_size=32, steps_per_epoch=None)), task_data)
+    assert (plan.batch_per_worker, plan.steps_per_epoch) == (16, 3 * (479 // 2) // 16)
+    trainer = TorchTrainer(
+        _repeated_loop,
+        train_loop_config={"task_data": task_data, "out": str(tmp_path), "steps": plan.steps_per_epoch},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        datasets=task_data.datasets,
+        dataset_config=task_data.data_config(),
+        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="repeated"),
+    )
+    trainer.fit()
+    seen = [json.load(open(tmp_path / f"repeated{r}.json")) for r in range(2)]
+    groups = []
+    for worker in seen:
+        assert worker["batches"] >= plan.steps_per_epoch and worker["sizes"] == [16]
+        images, labels = worker["images"], worker["labels"]
+        # Mirrored copies differ in bytes: the labels of each run of three agree, and no run spans two digits.
+        assert all(len(set(labels[i:i + 3])) == 1 for i in range(0, len(labels) - 2, 3))
+        groups.append({frozenset(images[i:i + 3]) for i in range(0, len(images) - 2, 3)})
+    flat = [set().union(*g) for g in groups]
+    assert not flat[0] & flat[1]  # no image (nor its mirror image) trained on by both workers in the epoch

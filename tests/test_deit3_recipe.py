@@ -304,6 +304,8 @@ def test_imagenet_space_is_the_deit3_imagenet_recipe():
     assert "crop_scale" not in data and "crop_ratio" not in data
     assert (data["mixup"], data["cutmix"], data.get("label_smoothing", 0.0)) == (0.8, 1.0, 0.0)
     assert data["eval_crop_pct"] == 1.0  # the hub preset's 0.875 is DeiT I's (main.py:174), not DeiT III's
+    # --repeated-aug: main.py:215-217 samples with RASampler, whose num_repeats is 3 (samplers.py:16).
+    assert data["repeated_aug"] == 3
     assert fixed["optimizer"] == "lamb" and fixed["weight_decay"] == 0.05 and fixed["warmup_epochs"] == 5
     assert fixed["batch_size"] == 256 * 8 and fixed["lr"] == 3e-3
     # main.py:81 --min-lr 1e-5: the cosine ends at 1e-5, a ratio of 1e-5 / 3e-3 of the peak.
@@ -332,6 +334,8 @@ def test_cifar_grid_space_is_the_papers_setting_in_deit3s_framework():
     assert fixed["grad_clip"] == 0
     assert data["augment"] == "three_augment" and (data["mixup"], data["cutmix"]) == (0.8, 1.0)
     assert tuple(data["mean"]) == (0.485, 0.456, 0.406) and tuple(data["std"]) == (0.229, 0.224, 0.225)
+    # main.py:105-107: --repeated-aug is on unless --no-repeated-aug; RASampler repeats each image 3 times.
+    assert data["repeated_aug"] == 3
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SPACES.glob("vit_*.yaml")))

@@ -75,8 +75,8 @@ def image_task(
                           tuple(cfg.local_crop_scale)) if multicrop else None
     train = train_rows.map_batches(
         multicrop_batch if multicrop else transform_batch,
-        fn_kwargs={"spec": spec, "train": True, "seed": seed, "epoch_clock": clock, **({"views": views} if views
-                                                                                        else {})},
+        fn_kwargs={"spec": spec, "train": True, "seed": seed, "epoch_clock": clock,
+                   **({"views": views} if views else {"repeats": cfg.repeated_aug})},
         batch_size=IMAGE_MAP_BATCH,
         batch_format="numpy",
     )
@@ -112,6 +112,7 @@ def image_task(
         params={**(params or {}), "num_train": num_train, "num_val": num_val},
         shuffle_buffer=cfg.shuffle_buffer,
         epoch_clock=clock,
+        repeats=cfg.repeated_aug,
     )
 
 

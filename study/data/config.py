@@ -76,9 +76,16 @@ class _ImageSource(_Source):
     mean: tuple[float, ...] | None = Field(None, description="per-channel normalisation mean (None: the source's)")
     std: tuple[float, ...] | None = Field(None, description="per-channel normalisation std (None: the source's)")
     shuffle_buffer: int = Field(4096, ge=1, description="rows in each worker's seeded local shuffle buffer")
+    repeated_aug: int = Field(
+        1, ge=1, description="repeated augmentation (DeiT's --repeated-aug, its RASampler: 3): each epoch a random "
+        "1/r of the training images, each r times with augmentations of its own, the copies next to each other in the "
+        "batches, so an epoch stays as long; 1: off")
 
     @model_validator(mode="after")
     def _check_ranges(self):
+        if self.repeated_aug > 1 and self.augment not in ("basic", "three_augment"):
+            raise ValueError(f"repeated_aug: {self.repeated_aug} repeats augmented images; it needs augment: basic or "
+                             f"three_augment, got {self.augment}")
         return _check_crop_and_normalisation(self)
 
 

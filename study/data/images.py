@@ -381,19 +381,29 @@ def dino_crops(images: list[Image.Image], rng: np.random.Generator, global_size:
     return [apply_dino_view(images, view) for view in views]
 
 
-def transform_batch(batch: dict, spec: ImageSpec, train: bool, seed: int = 0, epoch_clock=None) -> dict:
-    """Ray Data map_batches function: source rows -> {"image": uint8 (B, C, S, S), "label": int64 (B,)}."""
+def transform_batch(batch: dict, spec: ImageSpec, train: bool, seed: int = 0, epoch_clock=None,
+                    repeats: int = 1) -> dict:
+    """Ray Data map_batches function: source rows -> {"image": uint8 (B, C, S, S), "label": int64 (B,)}.
+
+    Repeated augmentation (training, `repeats` r > 1, DeiT's RASampler): a random ceil(B / r) of the batch's rows,
+    each r times with augmentations of its own, as {"image": uint8 (k, r, C, S, S), "label": (k,)}: the copies of
+    an image travel as one row, so the worker's shuffle keeps them together (TaskData.train_batches lays them out
+    side by side), and an epoch still holds at least as many images as the split."""
     values = batch[spec.image_column]
+    labels = np.asarray(batch[spec.label_column], dtype=np.int64)
     if train and spec.augment != "none":
         epoch = epoch_clock.epoch() if epoch_clock is not None else 0
         rng = np.random.default_rng([seed, epoch, batch_crc(values)])
+        if repeats > 1:
+            chosen = rng.permutation(len(values))[: -(-len(values) // repeats)]
+            images = train_images(np.repeat(values[chosen], repeats, axis=0), spec, rng)
+            return {"image": np.ascontiguousarray(images.transpose(0, 3, 1, 2)).reshape(
+                        len(chosen), repeats, spec.in_chans, spec.image_size, spec.image_size),
+                    "label": labels[chosen]}
         images = train_images(values, spec, rng)
     else:
         images = eval_images(values, spec)
-    return {
-        "image": np.ascontiguousarray(images.transpose(0, 3, 1, 2)),
-        "label": np.asarray(batch[spec.label_column], dtype=np.int64),
-    }
+    return {"image": np.ascontiguousarray(images.transpose(0, 3, 1, 2)), "label": labels}
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ class TaskData:
     # Evaluated splits whose rows are longer than the training rows, read in proportionally fewer rows per batch
     # (about the same tokens per batch): {split: rows per batch relative to the validation batch}.
     eval_batch_scale: dict[str, float] = field(default_factory=dict)
+    # Repeated augmentation: each training row holds `repeats` augmented copies of one image (images.transform_batch).
+    repeats: int = 1
 
     def __post_init__(self):
         self.splits = tuple(self.datasets)
@@ -87,23 +89,51 @@ class TaskData:
     def train_batches(self, shard, *, batch_size: int, epoch: int, seed: int, device,
                       rank: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """Reshuffled (seeded by (seed, epoch, the worker's rank)), augmented training batches; the last partial
-        batch is dropped."""
+        batch is dropped. With repeated augmentation the shuffle moves an image's copies together and they sit side by
+        side in the batches (a batch boundary may fall between them, as in DeiT's sampler)."""
         if self.epoch_clock is not None:
             self.epoch_clock.set(epoch)
+        rows = -(-batch_size // self.repeats)
         batches = shard.iter_torch_batches(
-            batch_size=batch_size,
-            drop_last=True,
-            local_shuffle_buffer_size=max(self.shuffle_buffer, batch_size),
+            batch_size=rows,
+            drop_last=self.repeats == 1,
+            local_shuffle_buffer_size=max(-(-self.shuffle_buffer // self.repeats), rows),
             local_shuffle_seed=epoch_seed(seed, epoch, rank),
             device=device,
             prefetch_batches=2,
         )
+        if self.repeats > 1:
+            batches = copies_side_by_side(batches, batch_size)
         rng = np.random.default_rng([seed, epoch, rank, 1])
         for batch in batches:
             yield self.batch_steps(batch, rng)
+
+    def train_rows_per_worker(self, workers: int) -> int | None:
+        """Training rows (images, copies counted) each of `workers` workers is sure to get in an epoch: Ray's equal
+        split gives each the same whole number of rows; with repeated augmentation a row is an image's copies, and
+        each augment task keeps at least 1/repeats of its images."""
+        if self.num_train is None:
+            return None
+        return self.repeats * (-(-self.num_train // self.repeats) // workers)
 
     def val_batches(self, shard, *, batch_size: int, device) -> Iterator[dict[str, torch.Tensor]]:
         """Every row of the shard once, in a fixed order (images: resize + centre crop, done in Ray Data)."""
         for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False, device=device, prefetch_batches=2):
             yield self.batch_steps.evaluate(batch)
 
+
+def copies_side_by_side(groups, batch_size: int) -> Iterator[dict]:
+    """Batches of `batch_size` images from batches of rows that each hold an image's copies ({"image": (k, r, ...),
+    "label": (k,)}): the copies of a row next to each other; the last partial batch is dropped."""
+    import torch
+
+    images, labels, held = [], [], 0
+    for group in groups:
+        copies = group["image"].shape[1]
+        images.append(group["image"].flatten(0, 1))
+        labels.append(group["label"].repeat_interleave(copies))
+        held += len(labels[-1])
+        while held >= batch_size:
+            image, label = torch.cat(images), torch.cat(labels)
+            yield {"image": image[:batch_size], "label": label[:batch_size]}
+            images, labels, held = [image[batch_size:]], [label[batch_size:]], held - batch_size
