@@ -33,21 +33,25 @@ def _worker_loop(config):
         json.dump(seen, f)
 
 
-@pytest.mark.slow
-def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tmp_path):
+def _fit_two_workers(loop, task_data, tmp_path, name: str, **config) -> None:
+    """`loop` in two Ray Train workers (half a CPU each) fed task_data's datasets as a trial feeds them."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    task_data = load_task_data("classification", parse_dataset_config({"source": "digits"}), seed=5)
-    trainer = TorchTrainer(
-        _worker_loop,
-        train_loop_config={"task_data": task_data, "out": str(tmp_path)},
+    TorchTrainer(
+        loop,
+        train_loop_config={"task_data": task_data, "out": str(tmp_path), **config},
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
         datasets=task_data.datasets,
         dataset_config=task_data.data_config(),
-        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="shards"),
-    )
-    trainer.fit()
+        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name=name),
+    ).fit()
+
+
+@pytest.mark.slow
+def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tmp_path):
+    task_data = load_task_data("classification", parse_dataset_config({"source": "digits"}), seed=5)
+    _fit_two_workers(_worker_loop, task_data, tmp_path, "shards")
     seen = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
     assert seen[0]["shapes"] == [[32, 1, 8, 8], "torch.float32", "torch.int64"]
     val = [set(s["val"]) for s in seen]
@@ -84,9 +88,6 @@ def test_repeated_augmentation_in_two_train_workers(ray_local, tmp_path):
     share of the batch, its images' copies side by side, and no image in both workers' epochs."""
     from types import SimpleNamespace
 
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
     from study.trainer import plan_run
 
     config = {"source": "digits", "augment": "basic", "repeated_aug": 3, "crop_scale": [1.0, 1.0],
@@ -95,15 +96,7 @@ def test_repeated_augmentation_in_two_train_workers(ray_local, tmp_path):
     plan = plan_run(SimpleNamespace(resources=SimpleNamespace(workers=2),
                                     train=SimpleNamespace(batch_size=32, steps_per_epoch=None)), task_data)
     assert (plan.batch_per_worker, plan.steps_per_epoch) == (16, 3 * (479 // 2) // 16)
-    trainer = TorchTrainer(
-        _repeated_loop,
-        train_loop_config={"task_data": task_data, "out": str(tmp_path), "steps": plan.steps_per_epoch},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-        datasets=task_data.datasets,
-        dataset_config=task_data.data_config(),
-        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="repeated"),
-    )
-    trainer.fit()
+    _fit_two_workers(_repeated_loop, task_data, tmp_path, "repeated", steps=plan.steps_per_epoch)
     seen = [json.load(open(tmp_path / f"repeated{r}.json")) for r in range(2)]
     groups = []
     for worker in seen:
