@@ -55,6 +55,7 @@ def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: S
     """The trainer of one stage of a run. `name` + `setup.storage_path` identify it: a trainer built again with the
     same ones (a restarted trial) resumes from its latest checkpoint."""
     plan = plan_run(spec, task_data)
+    task_data.materialize()
     resources = spec.resources
     if setup.in_process:
         # The process already holds the run's one worker's CPUs and GPUs (the trial asked Tune for them).

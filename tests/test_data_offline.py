@@ -114,6 +114,27 @@ def test_task_data_pickles_without_datasets(ray_local):
     assert isinstance(copy, TaskData) and copy.datasets == {} and copy.model_overrides == data.model_overrides
 
 
+def test_digits_splits_run_once_only_when_training_starts(ray_local):
+    """Loading reads nothing (the study driver's pre-flight wants the sizes only); `materialize`, which a trainer
+    calls, runs the splits whose epochs are all the same once (the augmented training split stays a pipeline)."""
+    from ray.data.dataset import MaterializedDataset
+
+    plain = load_task_data("classification", parse_dataset_config({"source": "digits"}), seed=0)
+    augmented = load_task_data("classification", parse_dataset_config({"source": "digits", "augment": "basic"}),
+                               seed=0)
+    assert (plain.deterministic, augmented.deterministic) == (("val", "train"), ("val",))
+    assert not any(isinstance(ds, MaterializedDataset) for ds in plain.datasets.values())
+    before = _epoch(plain, "val", batch_size=2000)
+    plain.materialize()
+    augmented.materialize()
+    assert all(isinstance(plain.datasets[name], MaterializedDataset) for name in ("val", "train"))
+    assert isinstance(augmented.datasets["val"], MaterializedDataset)
+    assert not isinstance(augmented.datasets["train"], MaterializedDataset)
+    assert plain.deterministic == () and plain.datasets["val"].count() == 360
+    after = _epoch(plain, "val", batch_size=2000)
+    assert torch.equal(before[0]["image"], after[0]["image"])
+
+
 def test_wrong_task_and_bad_fields_are_user_errors(ray_local):
     with pytest.raises(UserError, match="dataset.source: digits gives images, but task language_modeling reads text"):
         load_task_data("language_modeling", parse_dataset_config({"source": "digits"}), seed=0)

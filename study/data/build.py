@@ -50,7 +50,8 @@ def image_task(
 ) -> TaskData:
     """Decode + augment (train) and decode + resize + centre crop (val) inside Ray Data map_batches tasks.
 
-    materialize: for small in-memory sources, run the deterministic stages once now instead of every epoch."""
+    materialize: for small in-memory sources, run the deterministic stages once, before training
+    (TaskData.materialize), instead of every epoch."""
     size = cfg.image_size or native_size
     spec = ImageSpec(
         image_size=size,
@@ -88,10 +89,6 @@ def image_task(
                  for name, rows in evaluated.items()}
     for ds in (train, *evaluated.values()):
         ds.context.target_max_block_size = IMAGE_BLOCK_BYTES
-    if materialize:
-        evaluated = {name: ds.materialize() for name, ds in evaluated.items()}
-        if not random_train:
-            train = train.materialize()
     batch_steps = BatchMixer(
         num_classes=num_classes,
         mean=tuple(mean),
@@ -113,6 +110,7 @@ def image_task(
         shuffle_buffer=cfg.shuffle_buffer,
         epoch_clock=clock,
         repeats=cfg.repeated_aug,
+        deterministic=(*evaluated, *(() if random_train else ("train",))) if materialize else (),
     )
 
 

@@ -50,6 +50,8 @@ class TaskData:
     eval_batch_scale: dict[str, float] = field(default_factory=dict)
     # Repeated augmentation: each training row holds `repeats` augmented copies of one image (images.transform_batch).
     repeats: int = 1
+    # Splits of a small in-memory source whose every epoch is the same: run once, before training (`materialize`).
+    deterministic: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.splits = tuple(self.datasets)
@@ -58,6 +60,13 @@ class TaskData:
         state = dict(self.__dict__)
         state["datasets"] = {}  # the datasets stay on the driver; workers use get_dataset_shard
         return state
+
+    def materialize(self) -> None:
+        """Run the deterministic splits once, now, so that the epochs read them from Ray's object store. Only before
+        training: the study driver's pre-flight reads nothing but the sizes."""
+        for name in self.deterministic:
+            self.datasets[name] = self.datasets[name].materialize()
+        self.deterministic = ()
 
     def data_config(self):
         """The `ray.train.DataConfig` to give TorchTrainer(dataset_config=...): training data split equally across
