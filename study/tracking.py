@@ -22,9 +22,11 @@ import logging
 import math
 import os
 import re
+import socket
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 # Fail fast instead of MLflow's default of 7 retries with exponential back-off (minutes per call on a dead server).
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -65,6 +67,22 @@ RAY_ONLY_KEYS = frozenset({"mlflow_run_id", "resumed_from_epoch", "worker_node_i
 SYSTEM_METRICS_EVERY_S = 5  # MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides it
 # MLflow caps a param value at 6000 characters and a batch at 100 params / 1000 metrics.
 MAX_PARAM_CHARS, PARAMS_PER_BATCH, METRICS_PER_BATCH = 6000, 100, 1000
+# Once a call to a tracking server has failed, each later one first checks that the server accepts a connection
+# within this long: a server that is away then costs a refused connection, not a call's retries and back-off.
+SERVER_PROBE_S = 2.0
+
+
+def server_answers(tracking_uri: str) -> bool:
+    """Whether an http(s) tracking server accepts a connection within SERVER_PROBE_S (any other store: True)."""
+    url = urlparse(tracking_uri)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return True
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=SERVER_PROBE_S).close()
+        return True
+    except OSError:
+        return False
 
 
 def local_store(study_dir: Path) -> tuple[str, str]:
@@ -248,6 +266,7 @@ class RunLogger:
         self._pending: list[Metric] = []
         self._warned = False
         self._ready = False
+        self._failed = False  # the last call failed: the next one checks that the server answers first
         self._client = MlflowClient(target.tracking_uri) if target.tracking_uri else None
         self._system_metrics = system_metrics
         self._monitor = None
@@ -258,9 +277,14 @@ class RunLogger:
         return self._client is not None
 
     def _connect(self) -> bool:
-        """Find the trial's run (by tag) or create it; on a new run log params, tags and config.yaml."""
+        """Find the trial's run (by tag) or create it; on a new run log params, tags and config.yaml. False while the
+        server is away (what was to be logged is kept, or dropped for artifacts and tags)."""
         if not self.enabled:
             return False
+        if self._failed:
+            if not server_answers(self.target.tracking_uri):
+                return False
+            self._failed = False
         if self._ready:
             return True
         try:
@@ -355,6 +379,7 @@ class RunLogger:
             self._monitor = None
 
     def _warn(self, what: str, exc: Exception) -> None:
+        self._failed = True
         if not self._warned:
             log.warning("MLflow %s failed (training goes on; Ray keeps the results): %s", what, short_error(exc))
             self._warned = True
