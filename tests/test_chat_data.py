@@ -150,6 +150,16 @@ def test_conversation_sets_are_nanochats_tasks():
     assert messages[0] == json.loads(line) and messages[5] == conversation_of("arc_easy", arc)
 
 
+def _refused_at_once(config: dict, within_s: float) -> str:
+    """The one-line UserError check_dataset raises for `config`, within `within_s` seconds."""
+    started = time.perf_counter()
+    with pytest.raises(UserError) as error:
+        check_dataset("language_modeling", config)
+    message = str(error.value)
+    assert time.perf_counter() - started < within_s and "\n" not in message
+    return message
+
+
 def test_hub_parts_fail_fast_offline_naming_the_offline_alternative(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("LAPSTUDY_DATA_DIR", raising=False)
@@ -157,11 +167,7 @@ def test_hub_parts_fail_fast_offline_naming_the_offline_alternative(monkeypatch)
                                                                                              "conversations.jsonl")},
                                                              {"name": "gsm8k"}],
               "val": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}]}
-    started = time.perf_counter()
-    with pytest.raises(UserError) as error:
-        check_dataset("language_modeling", config)
-    message = str(error.value)
-    assert time.perf_counter() - started < 3 and "\n" not in message
+    message = _refused_at_once(config, within_s=3)
     assert message.startswith("dataset.train[1]: gsm8k streams openai/gsm8k") and "{name: jsonl" in message
     # a local copy is read instead of the hub, offline too
     config["train"][1]["local_dir"] = str(FIXTURES / "openai" / "gsm8k")
@@ -305,11 +311,7 @@ def test_an_unfetchable_word_list_fails_fast_naming_the_offline_alternative(tmp_
               "train": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")},
                         {"name": "spelling_bee", "size": 10, "url": f"http://127.0.0.1:{closed}/words_alpha.txt"}],
               "val": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}]}
-    started = time.perf_counter()
-    with pytest.raises(UserError) as error:
-        check_dataset("language_modeling", config)
-    message = str(error.value)
-    assert time.perf_counter() - started < 5 and "\n" not in message
+    message = _refused_at_once(config, within_s=5)
     assert message.startswith(f"dataset.train[1].path: {tmp_path}/.cache/nanochat/words_alpha.txt is missing and "
                               f"http://127.0.0.1:{closed}/words_alpha.txt cannot be fetched")
     assert "offline, copy the file there or set the path to a local copy (a word list, one word per line)" in message
