@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import re
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  #
 from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
 
+from study.data.hub import probe_url  # noqa: E402
 from study.errors import UserError  # noqa: E402
 from study.runspec import RunSpec  # noqa: E402
 from study.status import TrialStatus  # noqa: E402
@@ -77,12 +77,7 @@ def server_answers(tracking_uri: str) -> bool:
     url = urlparse(tracking_uri)
     if url.scheme not in ("http", "https") or not url.hostname:
         return True
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=SERVER_PROBE_S).close()
-        return True
-    except OSError:
-        return False
+    return probe_url(tracking_uri, timeout=SERVER_PROBE_S)[0]
 
 
 def local_store(study_dir: Path) -> tuple[str, str]:

@@ -11,7 +11,7 @@ import tempfile
 import urllib.request
 from urllib.parse import urlparse
 
-from study.data.hub import probe
+from study.data.hub import probe_url
 from study.errors import UserError
 
 
@@ -25,7 +25,7 @@ def check_fetchable(path: str, url: str | None, field: str, what: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise UserError(f"{field.rsplit('.', 1)[0]}.url: must be an http(s) URL, got {url!r}")
-    reachable, why = probe(parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80))
+    reachable, why = probe_url(url)
     if not reachable:
         raise UserError(f"{field}: {path} is missing and {url} cannot be fetched ({why}); offline, copy the file "
                         f"there or set the path to a local copy ({what})")

@@ -31,27 +31,31 @@ def offline_flag() -> bool:
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def _connect(host: str, port: int) -> None:
-    socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+def _connect(host: str, port: int, timeout: float) -> None:
+    socket.create_connection((host, port), timeout=timeout).close()
 
 
 def hub_reachable() -> tuple[bool, str]:
     """(reachable, why not) within PROBE_TIMEOUT_S."""
     if offline_flag():
         return False, "HF_HUB_OFFLINE is set"
-    url = urlparse(hub_endpoint())
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
-    return probe(host, port)
+    return probe_url(hub_endpoint())
 
 
-def probe(host: str, port: int = 443) -> tuple[bool, str]:
-    """(reachable, why not) within PROBE_TIMEOUT_S, the DNS lookup included (run in a thread: it has no timeout)."""
+def probe_url(url: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """probe() of the host and port of an http(s) URL (the scheme's port when it names none)."""
+    parsed = urlparse(url)
+    return probe(parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80), timeout)
+
+
+def probe(host: str, port: int = 443, timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """(reachable, why not) within `timeout`, the DNS lookup included (run in a thread: it has no timeout)."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
-        pool.submit(_connect, host, port).result(timeout=PROBE_TIMEOUT_S + 0.5)
+        pool.submit(_connect, host, port, timeout).result(timeout=timeout + 0.5)
         return True, ""
     except concurrent.futures.TimeoutError:
-        return False, f"{host} did not answer within {PROBE_TIMEOUT_S:.0f} s"
+        return False, f"{host} did not answer within {timeout:.0f} s"
     except OSError as error:
         return False, f"{host}: {error.strerror or type(error).__name__}"
     finally:
