@@ -312,10 +312,7 @@ class RunLogger:
                 self._logged_steps = {m.step for m in client.get_metric_history(self.run_id, "epoch")}
             self._ready = True
             if self._system_metrics:
-                self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_EVERY_S,
-                                                     resume_logging=not created, tracking_uri=self.target.tracking_uri)
-                self._monitor.start()
-                self._first_step = self._monitor._logging_step
+                self._start_monitor(resume=not created)
             return True
         except Exception as exc:  # noqa: BLE001
             self._warn("connect", exc)
@@ -327,7 +324,14 @@ class RunLogger:
             return
         self._pending += epoch_metrics(epoch, metrics)
         self._logged_steps.add(epoch)
-        self.flush()
+        if self.flush() and self._monitor is not None and not self._monitor_published():
+            # An epoch shorter than the monitor's interval: publish its samples now, so that a run whose process is
+            # killed before close() (a driver lost just after the last report) still has the machine's metrics.
+            try:
+                self._stop_monitor()
+                self._start_monitor(resume=True)
+            except Exception as exc:  # noqa: BLE001
+                self._warn("log system metrics", exc)
 
     def flush(self) -> bool:
         if not self._pending or not self._connect():
@@ -362,16 +366,31 @@ class RunLogger:
     def close(self) -> None:
         """Stop the system-metrics monitor (the run itself is ended by whoever knows its final status)."""
         if self._monitor is not None:
-            self._monitor.finish()
-            if self._monitor._logging_step == self._first_step:
-                # MLflow's monitor publishes only after a whole interval, and only if it is not stopped while it
-                # checks the run's status then: a run stopped before its first publication (short, or stopped at
-                # that moment) logs the samples it took, or one taken now.
-                if not self._monitor.aggregate_metrics():
-                    self._monitor.collect_metrics()
-                self._monitor.publish_metrics(self._monitor.aggregate_metrics())
-                self._monitor.mlflow_logger.flush()
-            self._monitor = None
+            try:
+                self._stop_monitor()
+            except Exception as exc:  # noqa: BLE001
+                self._warn("log system metrics", exc)
+
+    def _start_monitor(self, *, resume: bool) -> None:
+        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_EVERY_S,
+                                             resume_logging=resume, tracking_uri=self.target.tracking_uri)
+        self._monitor.start()
+        self._first_step = self._monitor._logging_step
+
+    def _monitor_published(self) -> bool:
+        return self._monitor._logging_step != self._first_step
+
+    def _stop_monitor(self) -> None:
+        """MLflow's monitor publishes only after a whole interval, and only if it is not stopped while it checks the
+        run's status then: stopped before its first publication, it logs the samples it took, or one taken now."""
+        monitor = self._monitor
+        self._monitor = None
+        monitor.finish()  # joins its thread: nothing samples while this publishes
+        if monitor._logging_step == self._first_step:
+            if not monitor.aggregate_metrics():
+                monitor.collect_metrics()
+            monitor.publish_metrics(monitor.aggregate_metrics())
+            monitor.mlflow_logger.flush()
 
     def _warn(self, what: str, exc: Exception) -> None:
         self._failed = True

@@ -390,12 +390,35 @@ def test_run_logger_records_system_metrics_of_a_run_stopped_while_the_monitor_ch
     experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
     logger = RunLogger(TrackingTarget(uri, experiment, "trial_cut", "cut", "s"), {}, "", system_metrics=True)
     logger.log_epoch(1, {"val_acc": 0.5})
+    after_epoch = _system_samples(uri, logger.run_id)
     monkeypatch.setattr(MlflowClient, "get_run", slow_get_run)
     time.sleep(0.9)  # past the interval: the monitor is in its status check when the run stops
     logger.close()
     monkeypatch.setattr(MlflowClient, "get_run", get_run)
-    run = MlflowClient(uri).get_run(logger.run_id)
-    assert any(key.startswith("system/cpu") for key in run.data.metrics), sorted(run.data.metrics)
+    assert _system_samples(uri, logger.run_id) == after_epoch + [after_epoch[-1] + 1]
+
+
+def test_run_logger_records_system_metrics_with_an_epoch_before_its_process_dies(tmp_path):
+    """A worker killed after its last report never reaches close() (a driver lost at that moment; its resumed trial
+    only hands the result back): the epoch it logged brought the machine's metrics with it."""
+    from study.tracking import SYSTEM_METRICS_EVERY_S, RunLogger, TrackingTarget, ensure_experiment, local_store
+
+    uri, artifacts = local_store(tmp_path)
+    experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
+    logger = RunLogger(TrackingTarget(uri, experiment, "trial_killed", "killed", "s"), {}, "", system_metrics=True)
+    started = time.monotonic()
+    logger.log_epoch(1, {"val_acc": 0.5})
+    logger.log_epoch(2, {"val_acc": 0.6})
+    samples = _system_samples(uri, logger.run_id)
+    assert time.monotonic() - started < SYSTEM_METRICS_EVERY_S  # before MLflow's monitor would have published
+    logger.close()  # only to stop its thread: what the run held before is what a killed process leaves
+    assert samples == [0, 1]
+
+
+def _system_samples(uri: str, run_id: str) -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    return [m.step for m in MlflowClient(uri).get_metric_history(run_id, "system/cpu_utilization_percentage")]
 
 
 def test_run_logger_survives_an_unreachable_tracking_server(monkeypatch):
