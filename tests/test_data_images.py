@@ -116,6 +116,19 @@ def test_parquet_hold_out_split_is_disjoint_and_covers(ray_local, parquet_dir):
     assert {img.numpy().tobytes() for b in _val(again) for img in b["image"]} == val  # split_seed, not the seed
 
 
+def test_an_epoch_of_parquet_shards_starts_no_actor(ray_local, parquet_dir):
+    """Every epoch executes the reads again: Ray Data's parquet reader V2 starts a pool of footer-reading actors (a
+    process each) per execution, seconds per epoch and split on a laptop. The study's reads start none."""
+    from ray._private.state import actors
+
+    cfg = {"source": "parquet", "path": str(parquet_dir / "train"), "val_fraction": 0.25, "augment": "none"}
+    data = load_task_data("classification", parse_dataset_config(cfg), seed=0)
+    assert _train(data) and _val(data)  # the first epoch may start Ray Data's own singletons (its stats actor)
+    before = set(actors())
+    assert _train(data, epoch=1) and _val(data)
+    assert set(actors()) == before
+
+
 def test_hub_code_path_reads_a_local_copy_of_the_repository(ray_local, hub_mirror, monkeypatch):
     monkeypatch.setenv(MIRROR_ENV, str(hub_mirror))
     cfg = parse_dataset_config({"source": "hf", "name": "cifar100", "augment": "three_augment",
