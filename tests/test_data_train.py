@@ -76,3 +76,28 @@ def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tm
         assert all(len(set(labels[i:i + 3])) == 1 for i in range(0, len(labels) - 2, 3))
     # Disjoint training shards (digits has no duplicate images).
     assert not set(seen[0]["train"]) & set(seen[1]["train"])
+
+
+@pytest.mark.slow
+def test_one_train_worker_reads_every_row_without_a_split(ray_local, tmp_path):
+    """One Train worker reads each split itself: every validation row and every training row, and no split
+    coordinator (an actor, a process start on the way to every trial's first batch)."""
+    from ray._private.state import actors
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    task_data = load_task_data("classification", parse_dataset_config({"source": "digits"}), seed=5)
+    before = set(actors())
+    TorchTrainer(
+        _worker_loop,
+        train_loop_config={"task_data": task_data, "out": str(tmp_path), "steps": task_data.num_train // 16},
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+        datasets=task_data.datasets,
+        dataset_config=task_data.data_config(),
+        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="whole"),
+    ).fit()
+    (seen,) = [json.load(open(tmp_path / "rank0.json"))]
+    assert len(seen["val"]) == len(set(seen["val"])) == task_data.num_val == 360
+    assert seen["batches"] == task_data.num_train // 16 and len(set(seen["train"])) == seen["batches"] * 16
+    started = {actors()[a]["ActorClassName"] for a in set(actors()) - before}
+    assert not any("SplitCoordinator" in name for name in started), started

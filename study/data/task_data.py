@@ -77,17 +77,20 @@ class TaskData:
 
         class ExactValidationDataConfig(DataConfig):
             def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-                split_equal = {k: v for k, v in datasets.items() if k == TRAIN}
-                output = super().configure(split_equal, world_size, worker_handles, worker_node_ids, **kwargs)
+                output = [{} for _ in range(world_size)]
                 for name, ds in datasets.items():
-                    if name == TRAIN:
-                        continue
                     if ds.name is None:
                         ds.set_name(name)
                     ds = ds.copy(ds)
                     ds.context.execution_options = self._resolve_execution_options(name)
+                    if world_size == 1:
+                        # The one worker reads every row itself: a split would start a coordinator actor (a process)
+                        # per dataset on the way to the first batch of every trial.
+                        output[0][name] = ds.iterator()
+                        continue
                     hints = worker_node_ids if self._enable_shard_locality else None
-                    for i, split in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=hints)):
+                    splits = ds.streaming_split(world_size, equal=name == TRAIN, locality_hints=hints)
+                    for i, split in enumerate(splits):
                         output[i][name] = split
                 return output
 
