@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-from pytorch_optimizer import Lamb
 
 from models.nanochat_optim import build_nanochat_optimizers, set_nanochat_schedule
 from study.runspec import TrainConfig
@@ -105,6 +104,8 @@ def build_optimizer(model, train: TrainConfig, slow_scale: float):
         group["lr"] = train.lr * group["lr_scale"]
     betas = (train.beta1, train.beta2)
     if train.optimizer == "lamb":
+        from pytorch_optimizer import Lamb  # it imports torch.distributed.tensor (~0.5 s): only LAMB recipes pay
+
         return Lamb(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
     if train.optimizer == "sgd":  # coupled weight decay, as torch's SGD (and eval_linear.py) apply it
         return torch.optim.SGD(groups, lr=train.lr, momentum=train.beta1, weight_decay=train.weight_decay)
