@@ -384,9 +384,10 @@ class RunLogger:
         """MLflow's monitor publishes only after a whole interval, and only if it is not stopped while it checks the
         run's status then: stopped before its first publication, it logs the samples it took, or one taken now."""
         monitor = self._monitor
-        self._monitor = None
         monitor.finish()  # joins its thread: nothing samples while this publishes
-        if monitor._logging_step == self._first_step:
+        published = self._monitor_published()
+        self._monitor = None
+        if not published:
             if not monitor.aggregate_metrics():
                 monitor.collect_metrics()
             monitor.publish_metrics(monitor.aggregate_metrics())

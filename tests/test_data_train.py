@@ -96,7 +96,7 @@ def test_one_train_worker_reads_every_row_without_a_split(ray_local, tmp_path):
         dataset_config=task_data.data_config(),
         run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="whole"),
     ).fit()
-    (seen,) = [json.load(open(tmp_path / "rank0.json"))]
+    seen = json.load(open(tmp_path / "rank0.json"))
     assert len(seen["val"]) == len(set(seen["val"])) == task_data.num_val == 360
     assert seen["batches"] == task_data.num_train // 16 and len(set(seen["train"])) == seen["batches"] * 16
     started = {actors()[a]["ActorClassName"] for a in set(actors()) - before}

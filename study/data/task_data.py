@@ -70,9 +70,9 @@ class TaskData:
 
     def data_config(self):
         """The `ray.train.DataConfig` to give TorchTrainer(dataset_config=...): training data split equally across
-        workers (Ray's default), every evaluated split without dropping rows so that each row is evaluated exactly
+        workers (as Ray's default), every evaluated split without dropping rows so that each row is evaluated exactly
         once (Ray's equal split drops up to world_size - 1 rows). Those shards then differ in length by a few rows:
-        accumulate evaluation sums locally and all-reduce once after the loop."""
+        accumulate evaluation sums locally and all-reduce once after the loop. One worker gets each dataset whole."""
         from ray.train import DataConfig
 
         class ExactValidationDataConfig(DataConfig):
