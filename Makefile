@@ -21,18 +21,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The full suite, Ray end-to-end and fault tests included (this is what CI runs), in TEST_WORKERS processes
-# (pytest-xdist), a test module to each at a time so that a module's Ray cluster and studies are set up once. The Ray
-# studies wait on process start-up a good part of the time: two workers on two cores took 22 minutes where one took 29.
-# Modules go out largest first (xdist's default), which mixes Ray studies with unit tests; the slow modules first took
-# 27 minutes, two Ray clusters contending throughout.
-TEST_WORKERS ?= 2
+# The full suite, Ray end-to-end and fault tests included (this is what CI runs).
 test: $(STAMP)
-	$(BIN)/python -m pytest --numprocesses=$(TEST_WORKERS) --dist=loadfile --durations=15
+	$(BIN)/python -m pytest --durations=15
 
 # Skip the slow Ray end-to-end and fault tests while developing.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" --numprocesses=$(TEST_WORKERS) --dist=loadfile
+	$(BIN)/python -m pytest -m "not slow"
 
 # The quickstart study on the embedded default: local Ray, SQLite MLflow store in studies/quickstart, digits.
 quickstart: $(STAMP)
