@@ -14,6 +14,7 @@ import ray
 from ray.exceptions import AuthenticationError
 
 from study.errors import UserError
+from study.ray_address import pin_ray_address
 from study.storage import STORAGE_VARIABLES, is_remote, staging_folder
 from study.tracking import MLFLOW_CREDENTIAL_VARIABLES
 
@@ -101,15 +102,6 @@ def check_tracking_store(tracking_uri: str | None, storage: str, address: str | 
                         f"not safe there; {TRACKING_FIX}")
 
 
-def pin_ray_address() -> None:
-    """Point Ray's own address look-ups in this process at the cluster it is connected to. Ray's State API, which
-    Tune and Train's placement-group cleaner call without an address, otherwise looks for a local cluster and gives
-    up when two run on the machine (another study, a notebook's): the placement groups of trials stopped early are
-    then never freed and the next trials wait for CPUs forever. Runs in the driver, and in every worker process as
-    the runtime environment's setup hook."""
-    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-
-
 def connect_ray(address: str | None, storage: str) -> str | None:
     """Start a local cluster (dashboard on: Tune needs it to clean up the placement groups of stopped trials) or
     join the one at `address`. Returns the local cluster's session folder (None when joining one)."""
@@ -123,7 +115,8 @@ def connect_ray(address: str | None, storage: str) -> str | None:
     env[TRAIN_POLL_VARIABLE] = os.environ.get(TRAIN_POLL_VARIABLE, TRAIN_POLL_S)
     os.environ.setdefault("HF_HOME", env["HF_HOME"])
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    runtime_env = {"env_vars": env, "worker_process_setup_hook": f"{__name__}.{pin_ray_address.__name__}"}
+    setup_hook = f"{pin_ray_address.__module__}.{pin_ray_address.__name__}"
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": setup_hook}
     kwargs = dict(runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
     try:
         if address:

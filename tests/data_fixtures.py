@@ -14,7 +14,10 @@ def ray_local():
 
     if not ray.is_initialized():
         temp_dir = tempfile.mkdtemp(prefix="lsd", dir="/tmp")  # short: Ray's socket paths have a length limit
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
+        # The study's setup hook, as `lapstudy` sets it: Train's placement-group cleaner then asks this cluster, not
+        # whichever other one runs on the machine, whether a trial's controller is alive.
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
+                 runtime_env={"worker_process_setup_hook": "study.ray_address.pin_ray_address"})
         ray.data.DataContext.get_current().enable_progress_bars = False
     return ray
 

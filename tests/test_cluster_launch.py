@@ -210,3 +210,28 @@ def test_lapstudy_run_refuses_sqlite_on_a_shared_filesystem_for_a_cluster(tmp_pa
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "SQLite" in lines[0] and "--tracking-uri http://HEAD:5000" in lines[0], err
     assert not any(shared.iterdir()), "nothing written"
+
+
+def test_every_workers_setup_hook_imports_nothing_heavier_than_ray(tmp_path, monkeypatch):
+    """Each Ray worker process the study starts runs the hook `connect_ray` names: its module is imported there
+    first, so it must not bring in MLflow, datasets or torch (seconds of start-up for every worker on 2 CPUs)."""
+    import sys
+    from types import SimpleNamespace
+
+    from study.cluster import connect_ray
+
+    seen = {}
+
+    def init(**kwargs):
+        seen.update(kwargs)
+        return SimpleNamespace(address_info={"session_dir": str(tmp_path / "session")})
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address="127.0.0.1:6379"))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # restored after the test: the hook also runs here
+    connect_ray(None, tmp_path)
+    module, name = seen["runtime_env"]["worker_process_setup_hook"].rsplit(".", 1)
+    probe = (f"import sys, {module}; assert callable({module}.{name}); "
+             "print(sorted(m for m in ('mlflow', 'datasets', 'torch', 'optuna') if m in sys.modules))")
+    imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]", imported.stdout
