@@ -16,6 +16,8 @@ says which ran); ``--calibrate`` remeasures that table.
 - ``causal_over_bilateral_4096``: the causal path over the bilateral one at N = 4096. Target <= 2.
 - ``crossover_n`` and ``_causal``: the smallest N from which the torch path beats SDPA attention (4 heads of 64; no
   mask, or causal) at every measured N. Target <= 2048.
+- ``minor_page_faults_per_call``: median minor page faults of one call in the scaling comparisons (fresh pages,
+  after the allocator handed freed memory back to the kernel): whether a run's 16k figures include that cost.
 - ``triton_sm90``: registers per thread and spill bytes of every launch variant of the Triton kernels, compiled for
   sm_90 at 4 warps with Triton's compiler and ptxas, no GPU needed (tests/test_stlt_compile.py: none spills).
 On a shared machine, ``--threads 1`` keeps other processes from stalling intra-op thread hand-offs.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import statistics
 import time
 
@@ -122,6 +125,18 @@ def interleaved_samples(cases: dict, device: str, repeats: int) -> dict[str, lis
     return samples
 
 
+def counting_faults(fn, counts: list):
+    """fn, appending the minor page faults of each call to `counts`: memory the allocator handed back to the kernel
+    and takes again costs a fault per 4 KiB page touched, which 16k calls may pay (their tensors are 16 MB each)."""
+
+    def run():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        fn()
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+    return run
+
+
 def interleaved_medians(cases: dict, device: str, repeats: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in interleaved_samples(cases, device, repeats).items()}
 
@@ -158,9 +173,13 @@ def cpu_report(repeats: int) -> dict:
     loop = interleaved_samples({"write_up_loop_4096": loop_run, "torch_4096": fast_run}, "cpu", 2)
     at_4096 = interleaved_samples({"bilateral": fast_run, "causal": stlt_case(B, 4096, D, "cpu", causal=True)},
                                   "cpu", repeats)
-    bilateral = interleaved_samples({n: stlt_case(B, n, D, "cpu", causal=False) for n in (4096, 16384)}, "cpu",
-                                    repeats)
-    causal = interleaved_samples({n: stlt_case(B, n, D, "cpu", causal=True) for n in (4096, 16384)}, "cpu", repeats)
+    faults = {}
+    bilateral = interleaved_samples({n: counting_faults(stlt_case(B, n, D, "cpu", causal=False),
+                                                        faults.setdefault(f"torch_bilateral_{n}", []))
+                                     for n in (4096, 16384)}, "cpu", repeats)
+    causal = interleaved_samples({n: counting_faults(stlt_case(B, n, D, "cpu", causal=True),
+                                                     faults.setdefault(f"torch_causal_{n}", []))
+                                  for n in (4096, 16384)}, "cpu", repeats)
     report["seconds"] = {
         "write_up_loop_4096": spread(loop["write_up_loop_4096"], 4),
         "torch_bilateral_4096": spread(at_4096["bilateral"]),
@@ -168,6 +187,7 @@ def cpu_report(repeats: int) -> dict:
         "torch_bilateral_16384": spread(bilateral[16384]),
         "torch_causal_16384": spread(causal[16384]),
     }
+    report["minor_page_faults_per_call"] = {name: int(statistics.median(counts)) for name, counts in faults.items()}
     vs_loop = ratio(loop, "write_up_loop_4096", "torch_4096")
     scaling, scaling_causal = ratio(bilateral, 16384, 4096), ratio(causal, 16384, 4096)
     causal_over_bilateral = ratio(at_4096, "causal", "bilateral")
