@@ -101,3 +101,20 @@ def test_one_train_worker_reads_every_row_without_a_split(ray_local, tmp_path):
     assert seen["batches"] == task_data.num_train // 16 and len(set(seen["train"])) == seen["batches"] * 16
     started = {actors()[a]["ActorClassName"] for a in set(actors()) - before}
     assert not any("SplitCoordinator" in name for name in started), started
+
+
+# The modules holding the functions Ray Data tasks run (map_batches): each task's worker imports one of them, and
+# with it the package `study.data`, before its first batch.
+BATCH_FUNCTION_MODULES = ("study.data.images", "study.data.text", "study.data.translation", "study.data.chat",
+                          "study.data.image_sources", "study.data.text_sources", "study.data.segmentation",
+                          "study.data.translation_sources", "study.data.chat_sources")
+
+
+@pytest.mark.parametrize("module", BATCH_FUNCTION_MODULES)
+def test_a_data_task_imports_its_batch_function_without_torch_or_mlflow(module):
+    import subprocess
+
+    probe = (f"import sys, {module}; "
+             "print(sorted(m for m in ('torch', 'mlflow', 'datasets', 'study.data.load') if m in sys.modules))")
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]", imported.stdout

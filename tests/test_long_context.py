@@ -13,11 +13,12 @@ from data_fixtures import ray_local  # noqa: F401
 
 import models
 from study.data import load_task_data, parse_dataset_config
+from study.data.task_data import context_split
 from study.data.text import TokenTargets, Tokenizer, pack_documents
 from study.data.text_sources import wikitext_articles
 from study.errors import UserError
 from study.tasks.base import GeometrySpec
-from study.tasks.language_modeling import LanguageModeling, context_metric, context_split
+from study.tasks.language_modeling import LanguageModeling, context_metric
 from study.worker import Worker
 
 WORKER = Worker(0, 1, torch.device("cpu"))

@@ -16,10 +16,9 @@ from study.data.images import (
     transform_batch,
 )
 from study.data.epoch import EpochSource
-from study.data.task_data import TaskData
+from study.data.task_data import TaskData, context_split
 from study.data.text import Tokenizer, TokenTargets, tokenize_and_pack
 from study.errors import UserError
-from study.tasks.language_modeling import context_split
 
 IMAGE_MAP_BATCH = 128  # rows per decode/augment task batch
 # Output blocks of the decode tasks: small enough that a task streams its first rows out while it works on the rest

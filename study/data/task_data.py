@@ -27,6 +27,15 @@ class BatchSteps(Protocol):
         """A validation batch (deterministic)."""
 
 
+CONTEXT_SPLIT = "val_ctx"  # + a length: the split of the validation documents in windows of that many tokens
+
+
+def context_split(length: int) -> str:
+    """The split the data makes for a context length (study/data/build.py: `eval_contexts`), which the language
+    modelling task evaluates at that length."""
+    return f"{CONTEXT_SPLIT}{length}"
+
+
 def epoch_seed(seed: int, epoch: int, *more: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, *more]).generate_state(1, np.uint32)[0])
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from models.geometry import GeometryAccumulator, most_frequent_targets
+from study.data.task_data import CONTEXT_SPLIT, context_split
 from study.tasks.base import Evaluation, GeometryPictures, Task
 
 
@@ -26,14 +27,6 @@ def language_model_sums(logits: torch.Tensor, targets: torch.Tensor, target_byte
     carries_bytes = (target_bytes.flatten() > 0) & counted
     return torch.stack([losses.sum(), counted.sum().double(), losses[carries_bytes].sum(),
                         target_bytes.flatten()[carries_bytes].sum().double()]).cpu()
-
-
-CONTEXT_SPLIT = "val_ctx"  # + a length: the split of the validation documents in windows of that many tokens
-
-
-def context_split(length: int) -> str:
-    """The split the data makes for a context length (study/data/build.py: `eval_contexts`)."""
-    return f"{CONTEXT_SPLIT}{length}"
 
 
 def context_metric(length: int) -> str:
