@@ -14,7 +14,7 @@ import ray
 from ray.exceptions import AuthenticationError
 
 from study.errors import UserError
-from study.ray_address import pin_ray_address
+from study.ray_address import SETUP_HOOK, pin_ray_address
 from study.storage import STORAGE_VARIABLES, is_remote, staging_folder
 from study.tracking import MLFLOW_CREDENTIAL_VARIABLES
 
@@ -115,8 +115,7 @@ def connect_ray(address: str | None, storage: str) -> str | None:
     env[TRAIN_POLL_VARIABLE] = os.environ.get(TRAIN_POLL_VARIABLE, TRAIN_POLL_S)
     os.environ.setdefault("HF_HOME", env["HF_HOME"])
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    setup_hook = f"{pin_ray_address.__module__}.{pin_ray_address.__name__}"
-    runtime_env = {"env_vars": env, "worker_process_setup_hook": setup_hook}
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": SETUP_HOOK}
     kwargs = dict(runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
     try:
         if address:

@@ -13,5 +13,9 @@ def pin_ray_address() -> None:
     Tune and Train's placement-group cleaner call without an address, otherwise looks for a local cluster and gives
     up when two run on the machine (another study, a notebook's): the placement groups of trials stopped early are
     then never freed and the next trials wait for CPUs forever. Runs in the driver, and in every worker process as
-    the runtime environment's setup hook."""
+    the runtime environment's setup hook (SETUP_HOOK)."""
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+
+
+# What a runtime environment's `worker_process_setup_hook` names to run pin_ray_address in every worker.
+SETUP_HOOK = f"{__name__}.{pin_ray_address.__name__}"

@@ -5,6 +5,8 @@ import tempfile
 
 import pytest
 
+from study.ray_address import SETUP_HOOK
+
 
 @pytest.fixture
 def ray_local():
@@ -17,7 +19,7 @@ def ray_local():
         # The study's setup hook, as `lapstudy` sets it: Train's placement-group cleaner then asks this cluster, not
         # whichever other one runs on the machine, whether a trial's controller is alive.
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
-                 runtime_env={"worker_process_setup_hook": "study.ray_address.pin_ray_address"})
+                 runtime_env={"worker_process_setup_hook": SETUP_HOOK})
         ray.data.DataContext.get_current().enable_progress_bars = False
     return ray
 
