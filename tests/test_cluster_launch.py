@@ -5,6 +5,7 @@ do their job when it is set. `lapstudy run` refuses a SQLite tracking store for 
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -14,6 +15,7 @@ import jsonschema
 import pytest
 import ray
 import yaml
+from import_probe import imported_with
 
 from study import cli
 from study.cluster import check_tracking_store, filesystem_type
@@ -215,7 +217,6 @@ def test_lapstudy_run_refuses_sqlite_on_a_shared_filesystem_for_a_cluster(tmp_pa
 def test_every_workers_setup_hook_imports_nothing_heavier_than_ray(tmp_path, monkeypatch):
     """Each Ray worker process the study starts runs the hook `connect_ray` names: its module is imported there
     first, so it must not bring in MLflow, datasets or torch (seconds of start-up for every worker on 2 CPUs)."""
-    import sys
     from types import SimpleNamespace
 
     from study.cluster import connect_ray
@@ -231,7 +232,5 @@ def test_every_workers_setup_hook_imports_nothing_heavier_than_ray(tmp_path, mon
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # restored after the test: the hook also runs here
     connect_ray(None, tmp_path)
     module, name = seen["runtime_env"]["worker_process_setup_hook"].rsplit(".", 1)
-    probe = (f"import sys, {module}; assert callable({module}.{name}); "
-             "print(sorted(m for m in ('mlflow', 'datasets', 'torch', 'optuna') if m in sys.modules))")
-    imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
-    assert imported.stdout.strip() == "[]", imported.stdout
+    assert callable(getattr(importlib.import_module(module), name))
+    assert imported_with(module, ("mlflow", "datasets", "torch", "optuna")) == []

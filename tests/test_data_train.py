@@ -6,6 +6,7 @@ import sys
 import pytest
 import ray.cloudpickle
 from data_fixtures import ray_local  # noqa: F401
+from import_probe import imported_with
 
 from study.data import load_task_data, parse_dataset_config
 
@@ -112,9 +113,4 @@ BATCH_FUNCTION_MODULES = ("study.data.images", "study.data.text", "study.data.tr
 
 @pytest.mark.parametrize("module", BATCH_FUNCTION_MODULES)
 def test_a_data_task_imports_its_batch_function_without_torch_or_mlflow(module):
-    import subprocess
-
-    probe = (f"import sys, {module}; "
-             "print(sorted(m for m in ('torch', 'mlflow', 'datasets', 'study.data.load') if m in sys.modules))")
-    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert imported.stdout.strip() == "[]", imported.stdout
+    assert imported_with(module, ("torch", "mlflow", "datasets", "study.data.load")) == []
