@@ -20,6 +20,7 @@ from torch.autograd.function import once_differentiable
 
 from models.stlt.fftconv import Transposed, fft_mix_channels_first
 from models.stlt.naive import decay_log
+from models.stlt.subnormal import decay_powers
 
 # Positions per chunk. The carry costs the same per position whatever Q (O(S)), while the per-chunk Python steps fall
 # and the intra-chunk FFTs grow (log Q, and their spectra must stay in cache) with Q; per-position masks also pay
@@ -44,7 +45,7 @@ def stlt_mix_chunked(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal:
     y = fft_mix_channels_first(xt, sigma, omega, T, C, mask, delta=delta, causal=causal, chunk=Q)
     if n_chunks > 1:
         t = torch.arange(Q + 1, device=x.device, dtype=x.dtype)
-        powers = torch.exp(t[:, None] * decay_log(sigma, omega, T, delta))  # a_k^t, (Q + 1, S)
+        powers = decay_powers(decay_log(sigma, omega, T, delta), t[:, None])  # a_k^t, (Q + 1, S)
         m = mask if mask.dim() == 2 else mask.view(B, n_chunks, Q, -1)
         y = _add_carried(y.view(B, D, n_chunks, Q), xt.view(B, D, n_chunks, Q), powers, C, m, causal)
     y = Transposed.apply(y.view(B, D, n_chunks * Q))

@@ -24,6 +24,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from models.stlt.naive import decay_log
+from models.stlt.subnormal import decay_powers
 
 
 def fft_size(n: int) -> int:
@@ -186,7 +187,7 @@ def fft_mix_channels_first(xt, sigma, omega, T, C, mask, *, delta: float, causal
     # a_k^t = exp(t log|a_k|) (cos + i sin)(t arg a_k), (S, Q), in real arithmetic (complex exp is much slower).
     log_a = decay_log(sigma, omega, T, delta)[:, None]
     log_r, theta = log_a.real, log_a.imag
-    magnitude = torch.exp(t * log_r)
+    magnitude = decay_powers(log_r, t)
     re_powers, im_powers = magnitude * torch.cos(t * theta), magnitude * torch.sin(t * theta)
     powers = torch.cat([re_powers, im_powers], dim=0)  # (2S, Q)
     if mask.dim() == 3:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from models.stlt.naive import decay_log
+from models.stlt.subnormal import decay_powers
 
 # Positions per chunk. The lag products cost (Q + 1) / 2 products of S x D per position and grow with Q; the chunk
 # states cost 2 S D numbers per chunk, carried one Python step per chunk, and two of their products have Q as inner
@@ -51,7 +52,7 @@ def stlt_mix_matmul(x, sigma, omega, T, C, mask, *, delta: float = 1.0, causal: 
         x, mask = F.pad(x, (0, 0, 0, pad)), F.pad(mask, (0, 0, 0, pad))
     x3, m3 = x.reshape(B * n_chunks, Q, D), mask.reshape(B * n_chunks, Q, S)
     t = torch.arange(Q + 1, device=x.device, dtype=x.dtype)
-    powers = torch.exp(t[:, None] * decay_log(sigma, omega, T, delta))  # a_k^t, (Q + 1, S) complex
+    powers = decay_powers(decay_log(sigma, omega, T, delta), t[:, None])  # a_k^t, (Q + 1, S) complex
     h = (C[None] * powers[:Q, :, None]).real  # h_t[k, d] = Re(C[k, d] a_k^t), (Q, S, D)
     y3 = LagProducts.apply(x3, m3, h.contiguous(), causal)
     if n_chunks > 1:
