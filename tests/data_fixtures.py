@@ -5,6 +5,7 @@ import tempfile
 
 import pytest
 
+from fault_fixtures import free_port
 from study.ray_address import SETUP_HOOK
 
 
@@ -16,10 +17,13 @@ def ray_local():
 
     if not ray.is_initialized():
         temp_dir = tempfile.mkdtemp(prefix="lsd", dir="/tmp")  # short: Ray's socket paths have a length limit
-        # The study's setup hook, as `lapstudy` sets it: Train's placement-group cleaner then asks this cluster, not
-        # whichever other one runs on the machine, whether a trial's controller is alive.
-        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False,
-                 runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+        # As `lapstudy` starts its cluster, so that Train's placement-group cleaner asks this cluster, not another
+        # on the machine, whether a trial's controller is alive: the setup hook points Ray's State API at this GCS,
+        # and the dashboard serves that API. Without one, this GCS still names 127.0.0.1:8265, where another
+        # cluster's dashboard answers that the controller does not exist, and the cleaner removes a live trial's
+        # placement group (seen when another test worker's study ran beside the data tests).
+        ray.init(num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=temp_dir,
+                 log_to_driver=False, runtime_env={"worker_process_setup_hook": SETUP_HOOK})
         ray.data.DataContext.get_current().enable_progress_bars = False
     return ray
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fault_fixtures import free_port
+
 LAPSTUDY = Path(sys.executable).with_name("lapstudy")
 
 
@@ -28,8 +30,8 @@ def ray_address():
     # make ray.init fail and hold the CPUs these studies need.
     ray.shutdown()
     temp = Path(tempfile.mkdtemp(prefix="lss", dir="/tmp"))
-    ray.init(num_cpus=2, include_dashboard=True, _temp_dir=str(temp), log_to_driver=False,
-             logging_level="ERROR")
+    ray.init(num_cpus=2, include_dashboard=True, dashboard_port=free_port(), _temp_dir=str(temp),
+             log_to_driver=False, logging_level="ERROR")
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

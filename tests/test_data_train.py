@@ -33,6 +33,29 @@ def _worker_loop(config):
         json.dump(seen, f)
 
 
+@ray.remote(num_cpus=0)
+class _StateProbe:
+    def own_id(self):
+        return ray.get_runtime_context().get_actor_id()
+
+    def state_of(self, actor_id):
+        from ray.util.state import get_actor
+
+        actor = get_actor(actor_id, timeout=10)
+        return actor.state if actor else None
+
+
+def test_rays_state_api_in_a_worker_answers_for_this_clusters_actors(ray_local):
+    """Train's placement-group cleaner asks the State API, from a worker, whether a trial's controller lives, and
+    removes its placement group when told no: the shared cluster must answer for its own actors (not a dashboard of
+    another cluster on the machine, nor none at all)."""
+    probe = _StateProbe.remote()
+    try:
+        assert ray.get(probe.state_of.remote(ray.get(probe.own_id.remote()))) == "ALIVE"
+    finally:
+        ray.kill(probe)
+
+
 @pytest.mark.slow
 def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tmp_path):
     """Two Train workers fed as a trial feeds them: every validation row once over both, disjoint training shards,
