@@ -102,6 +102,24 @@ def check_tracking_store(tracking_uri: str | None, storage: str, address: str | 
                         f"not safe there; {TRACKING_FIX}")
 
 
+def check_state_api(where: str) -> None:
+    """A clear error unless Ray's State API (served by the dashboard) answers for the connected cluster, by knowing
+    this process's node. Tune and Train ask it whether a trial's actors live before freeing the trial's
+    placement group: with no dashboard, trials stopped early keep their CPUs and the next ones wait forever; and the
+    cluster's GCS then still names 127.0.0.1:8265, where another cluster's dashboard answers no, and a running
+    trial's group is removed under it."""
+    from ray.util.state import get_node
+    from ray.util.state.exception import RayStateApiException
+
+    try:
+        node = get_node(ray.get_runtime_context().get_node_id(), timeout=10)
+    except (RayStateApiException, ValueError):  # ValueError: the GCS names no API server at all
+        node = None
+    if node is None:
+        raise UserError(f"{where}: Ray's State API does not answer for this cluster (no dashboard on its head); "
+                        "start the head with `ray start --head --include-dashboard=true`")
+
+
 def connect_ray(address: str | None, storage: str) -> str | None:
     """Start a local cluster (dashboard on: Tune needs it to clean up the placement groups of stopped trials) or
     join the one at `address`. Returns the local cluster's session folder (None when joining one)."""
@@ -117,6 +135,7 @@ def connect_ray(address: str | None, storage: str) -> str | None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     runtime_env = {"env_vars": env, "worker_process_setup_hook": SETUP_HOOK}
     kwargs = dict(runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
+    where = f"--address {address}" if address else "local Ray cluster"
     try:
         if address:
             ray.init(address=address, **kwargs)
@@ -128,9 +147,10 @@ def connect_ray(address: str | None, storage: str) -> str | None:
                         "here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); copy the cluster's "
                         "token") from None
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:  # OSError: e.g. RAY_TMPDIR too long
-        where = f"--address {address}" if address else "local Ray cluster"
         raise UserError(f"{where}: cannot connect ({' '.join(str(exc).split())[:200]})") from None
     pin_ray_address()
+    if not (address or "").startswith("ray://"):  # through Ray Client, Tune's driver runs on the cluster, not here
+        check_state_api(where)
     # Ray's, Optuna's and MLflow's own log lines would bury the progress lines; errors still come through.
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     for logger in ("ray", "ray.train", "ray.data"):

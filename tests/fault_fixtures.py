@@ -283,6 +283,26 @@ def private_ray_tmp(prefix: str = "lsf"):
 
 
 @contextmanager
+def ray_without_dashboard():
+    """An idle one-CPU Ray instance started without a dashboard, in a process of its own under a private RAY_TMPDIR
+    (another user's cluster, a notebook's); yields its GCS address."""
+    with private_ray_tmp("lso") as folder:
+        script = ("import ray, time; ray.init(num_cpus=1, include_dashboard=False); "
+                  "print(ray.get_runtime_context().gcs_address, flush=True); time.sleep(3600)")
+        process = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "RAY_TMPDIR": str(folder)},
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                   start_new_session=True)
+        try:
+            address = process.stdout.readline().strip()
+            assert address, "the Ray instance did not start"
+            yield address
+        finally:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+            kill_recorded(processes_using(str(folder)))  # Ray's daemons that left the process group
+
+
+@contextmanager
 def simulated_cluster(prefix: str, *node_resources: dict):
     """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), one CPU per node, under a private
     RAY_TMPDIR: the head (dashboard on, as Tune needs) holds the first custom resources, each further node the next.

@@ -17,7 +17,8 @@ import pytest
 import ray
 import yaml
 
-from fault_fixtures import LAPSTUDY, free_port, study_env, tiny_space, tree_digest, write_space
+from fault_fixtures import (LAPSTUDY, free_port, ray_without_dashboard, study_env, tiny_space, tree_digest,
+                            write_space)
 from study import cli
 
 EXISTING = "existing"
@@ -253,6 +254,20 @@ def test_bad_input_through_the_command_line(storage, tmp_path):
         assert out == "", f"{case.id}: stdout should be empty:\n{out}"
     assert tree_digest(storage) == before
     assert not (tmp_path / "ray").exists(), "a Ray session folder was created: Ray was started for bad input"
+
+
+def test_a_cluster_without_a_dashboard_is_refused_before_the_study_starts(tmp_path):
+    """Tune and Train free a trial's CPUs only after Ray's State API (the dashboard) says its actors are gone: a
+    study joining a cluster without one would leave stopped trials' CPUs held, or (where another cluster's dashboard
+    answers on the default port) lose running trials. The one error line says how to start the head."""
+    with ray_without_dashboard() as address:
+        write_space(tmp_path / "space.yaml", tiny_space())
+        run = subprocess.run([str(LAPSTUDY), "run", "space.yaml", "--storage", "studies", "--address", address],
+                             env=study_env(tmp_path / "ray", RAY_AUTH_MODE="token"),  # what ray.init sets for its own
+                             cwd=tmp_path, text=True, capture_output=True, timeout=180)
+    assert run.returncode == 2, run.stderr
+    _check_error_line(run.stderr, [f"--address {address}", "State API", "--include-dashboard=true"])
+    assert not (tmp_path / "studies").exists(), "a study folder was written"
 
 
 def test_help_is_not_an_error(capsys):

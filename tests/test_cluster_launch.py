@@ -229,6 +229,7 @@ def test_every_workers_setup_hook_imports_nothing_heavier_than_ray(tmp_path, mon
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address="127.0.0.1:6379"))
+    monkeypatch.setattr("study.cluster.check_state_api", lambda where: None)  # no cluster to ask here
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # restored after the test: the hook also runs here
     connect_ray(None, tmp_path)
     module, name = seen["runtime_env"]["worker_process_setup_hook"].rsplit(".", 1)

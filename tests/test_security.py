@@ -98,7 +98,8 @@ def test_run_passes_no_auth_override_to_ray(monkeypatch, tmp_path):
         return SimpleNamespace(address_info={"session_dir": str(tmp_path / "session")})
 
     monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr("study.cluster.pin_ray_address", lambda: None)  # no cluster to point at here
+    monkeypatch.setattr("study.cluster.pin_ray_address", lambda: None)  # no cluster to point at or ask here
+    monkeypatch.setattr("study.cluster.check_state_api", lambda where: None)
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "pw")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws")

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import yaml
 
-from fault_fixtures import processes_using
+from fault_fixtures import ray_without_dashboard
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -53,23 +46,12 @@ LM_GEOMETRY = ("geom_within_target_var", "geom_between_target_var", "geom_betwee
 
 
 @pytest.fixture(scope="module")
-def another_ray_instance(tmp_path_factory):
+def another_ray_instance():
     """A second, idle Ray instance on the machine (another user's study, a notebook): Ray's State API, which frees
     the placement groups of the trials ASHA stops, must still find the study's own cluster, or the trials after a
     stopped one wait for CPUs forever."""
-    folder = Path(tempfile.mkdtemp(prefix="lso", dir="/tmp"))
-    script = "import ray, sys, time; ray.init(num_cpus=1, include_dashboard=False); print('up', flush=True); time.sleep(3600)"
-    process = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "RAY_TMPDIR": str(folder)},
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        assert process.stdout.readline().strip() == "up"
+    with ray_without_dashboard():
         yield
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(30)
-        for leftover in processes_using(str(folder)):
-            os.kill(leftover.pid, signal.SIGKILL)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
