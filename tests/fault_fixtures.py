@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -300,6 +301,7 @@ def ray_without_dashboard():
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
             kill_recorded(processes_using(str(folder)))  # Ray's daemons that left the process group
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
