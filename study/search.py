@@ -10,6 +10,7 @@ folder (`optuna-dashboard optuna.journal` opens it).
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import warnings
 from pathlib import Path
@@ -31,6 +32,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # Optuna then warns on every repeated step (the value the sampler keeps is the trial's final one).
 warnings.filterwarnings("ignore", message="The reported value is ignored because this `step", category=UserWarning)
 DEFAULT_STARTUP_TRIALS = 10
+logger = logging.getLogger(__name__)
 
 
 class DefineByRun:
@@ -74,10 +76,18 @@ def make_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
 
 
 class StudySearch(OptunaSearch):
-    """OptunaSearch that tells the sampler a diverged trial (a non-finite objective) FAILED. OptunaSearch would try
-    to record NaN as a value, which Optuna refuses, and the trial would stay RUNNING in the sampler's history."""
+    """OptunaSearch that tells the sampler a diverged trial (a non-finite objective) FAILED, and lets a resumed study
+    finish a trial its restored state never saw. OptunaSearch would try to record NaN as a value, which Optuna
+    refuses, and the trial would stay RUNNING in the sampler's history; and Tune copies the sampler's state and the
+    trials' to the study folder as separate files, so a study stopped between two copies resumes trials that the
+    sampler's older state does not know, whose completion OptunaSearch would answer with a KeyError that ends the
+    study."""
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        if trial_id not in self._ot_trials:
+            logger.warning("trial %s: the sampler's saved state predates it, so the sampler goes on without its "
+                           "result (Tune and MLflow keep it)", trial_id)
+            return
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         values = [(result or {}).get(m) for m in metrics]
         if result and any(isinstance(v, float) and not math.isfinite(v) for v in values):
