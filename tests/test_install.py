@@ -21,7 +21,7 @@ from study import cli
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "requirements.lock"
 # What `make quickstart` must not install: Triton (about 1 GB), the tests' S3 server and browser driver, the
-# PostgreSQL driver of the cluster's tracking server, lm-evaluation-harness.
+# PostgreSQL driver of the cluster's tracking server, lm-evaluation-harness, the test runner.
 NOT_ON_A_LAPTOP = {"triton", "moto", "selenium", "psycopg", "psycopg-binary", "lm-eval", "pytest"}
 
 
@@ -43,42 +43,43 @@ def installed_versions() -> dict[str, str]:
     return versions
 
 
-def drift(locked: dict[str, str], installed: dict[str, str], gpu: bool) -> list[str]:
-    """One line for every locked distribution not installed at its locked version. With a GPU, torch is the CUDA
-    build of the locked release (as the Makefile and docker/Dockerfile install it): its release is compared, not the
-    lock's +cpu tag, and the Triton that build requires is its own."""
+def drift(locked: dict[str, str], installed: dict[str, str], cpu_build: bool) -> list[str]:
+    """One line for every locked distribution not installed at its locked version. Without the lock's CPU build of
+    torch (with a GPU, or off Linux, the Makefile and docker/Dockerfile install PyPI's build of the locked release),
+    torch's release is compared, not the lock's +cpu tag, and the Triton that build requires is its own."""
     lines = []
     for name, version in sorted(locked.items()):
         have = installed.get(name)
-        if gpu and name == "triton":
+        if not cpu_build and name == "triton":
             continue
-        if gpu and name == "torch" and have is not None and Version(have).public == Version(version).public:
+        if not cpu_build and name == "torch" and have is not None and Version(have).public == Version(version).public:
             continue
         if have != version:
             lines.append(f"{name}: locked {version}, installed {have or 'nothing'}")
     return lines
 
 
-def has_gpu() -> bool:
-    """What the Makefile asks: whether nvidia-smi lists a GPU."""
-    return shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"],
-                                                                     capture_output=True).returncode == 0
+def cpu_build_installed() -> bool:
+    """What the Makefile asks: Linux, and no GPU that nvidia-smi lists."""
+    gpu = shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                                                                    text=True).stdout.strip() != ""
+    return sys.platform == "linux" and not gpu
 
 
 def test_every_locked_distribution_is_installed_at_its_locked_version():
-    assert drift(locked_versions(LOCK.read_text()), installed_versions(), has_gpu()) == []
+    assert drift(locked_versions(LOCK.read_text()), installed_versions(), cpu_build_installed()) == []
 
 
 def test_drift_names_each_distribution_that_left_the_lock():
     locked = {"optuna": "5.0.0", "torch": "2.13.0+cpu", "triton": "3.9.0", "moto": "5.2.5", "numpy": "2.4.6"}
     drifted = {"optuna": "5.1.0", "torch": "2.13.0", "triton": "3.7.0", "numpy": "2.4.6"}
-    assert drift(locked, drifted, gpu=False) == [
+    assert drift(locked, drifted, cpu_build=True) == [
         "moto: locked 5.2.5, installed nothing", "optuna: locked 5.0.0, installed 5.1.0",
         "torch: locked 2.13.0+cpu, installed 2.13.0", "triton: locked 3.9.0, installed 3.7.0"]
     # a GPU machine's CUDA build of the locked release, with its own Triton; another release is still drift
-    assert drift(locked, drifted, gpu=True) == ["moto: locked 5.2.5, installed nothing",
+    assert drift(locked, drifted, cpu_build=False) == ["moto: locked 5.2.5, installed nothing",
                                                 "optuna: locked 5.0.0, installed 5.1.0"]
-    assert drift(locked, {**drifted, "torch": "2.12.0"}, gpu=True)[-1] == "torch: locked 2.13.0+cpu, installed 2.12.0"
+    assert drift(locked, {**drifted, "torch": "2.12.0"}, cpu_build=False)[-1] == "torch: locked 2.13.0+cpu, installed 2.12.0"
     assert locked_versions("# header\nray==2.60.0\n    # via lapstudy\nPyYAML==6.0.4\n") == {"ray": "2.60.0",
                                                                                           "pyyaml": "6.0.4"}
 
