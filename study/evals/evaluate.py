@@ -18,7 +18,6 @@ from pathlib import Path
 from study.data.hub import hub_reachable
 from study.errors import UserError
 from study.evals import gsm8k
-from study.evals.harness import LapstudyLM
 from study.evals.load import tokenizer_for
 from study.evals.humaneval import evaluate_humaneval, find_problem_file, load_problems
 from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
@@ -26,6 +25,17 @@ from study.runspec import EvaluationSpec
 
 HUMANEVAL = "humaneval"
 OWN_TASKS = (HUMANEVAL, gsm8k.TASK)  # not lm_eval's: this project's definitions
+
+
+def require_harness(asker: str) -> None:
+    """A UserError naming pyproject.toml's `lm` extra when lm-evaluation-harness is not installed: every evaluation
+    runs through its model interface (study/evals/harness.py), and the laptop install (make quickstart) leaves it
+    out."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise UserError(f"{asker}: language-model evaluations need lm-evaluation-harness, which is not installed: "
+                        "pip install 'lapstudy[lm]'") from None
 
 
 def metric_name(task: str, metric: str, filter_name: str = "none") -> str:
@@ -72,6 +82,9 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
     `limit`: the first N examples of each task. `num_samples`, `temperature`: the samples per problem of HumanEval and
     gsm8k_chat (pass@k for k in 1, 10 up to num_samples). `include_defaults=False` keeps to the tasks of
     `include_path`."""
+    require_harness("evaluate")
+    from study.evals.harness import LapstudyLM
+
     tasks = list(dict.fromkeys(tasks))
     if HUMANEVAL in tasks and allow_code_execution is not True:
         raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
@@ -132,7 +145,10 @@ def check_tasks(tasks: list[str], include_path: Iterable[Path]) -> None:
 
 def check_evaluations(run) -> None:
     """check_tasks for every `evaluate:` entry of a run config or a space, its first stage's and each later one's."""
-    for evaluation in [*run.evaluate, *(entry for stage in run.stages for entry in stage.evaluate)]:
+    evaluations = [*run.evaluate, *(entry for stage in run.stages for entry in stage.evaluate)]
+    if evaluations:
+        require_harness("evaluate")
+    for evaluation in evaluations:
         check_tasks(evaluation.tasks, evaluation.include_path)
 
 
@@ -147,4 +163,4 @@ def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int,
 
 
 __all__ = ["ALLOW_FLAG", "HUMANEVAL", "OWN_TASKS", "check_evaluations", "check_tasks", "evaluate_model",
-           "evaluate_stage", "harness_task_manager", "metric_name"]
+           "evaluate_stage", "harness_task_manager", "metric_name", "require_harness"]
