@@ -139,15 +139,15 @@ def run_study(options: RunOptions, space: SearchSpace, name: str) -> int:
 
 
 def every_trial_failed(records: list) -> str | None:
-    """Why the study has nothing to show when every one of its trials failed (their commonest error), else None."""
+    """Why the study has nothing to show when every one of its trials failed (its commonest errors), else None."""
     if not records or any(r.status is not TrialStatus.FAILED for r in records):
         return None
-    errors = Counter(r.error or "unknown error" for r in records)
-    error, count = errors.most_common(1)[0]
-    if count == len(records):
-        return f"every trial failed ({count} of {count}): {error}"
-    return (f"every trial failed ({len(records)} of {len(records)}), {count} of them with: {error}; the others' "
-            "errors: `lapstudy status`")
+    errors = Counter(r.error or "unknown error" for r in records).most_common()
+    if len(errors) == 1:
+        return f"every trial failed ({len(records)} of {len(records)}): {errors[0][0]}"
+    shown = "; ".join(f"{error} ({count})" for error, count in errors[:3])
+    more = f"; {len(errors) - 3} other error(s) in `lapstudy status`" if len(errors) > 3 else ""
+    return f"every trial failed ({len(records)} of {len(records)}): {shown}{more}"
 
 
 def _study_params(space: SearchSpace, record: StudyRecord) -> dict[str, str]:

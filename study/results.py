@@ -130,7 +130,7 @@ def load_records(folder: StudyFolder) -> list[TrialRecord]:
 def _record(state: dict, metadata: dict, study_dir: Path, epochs: int) -> TrialRecord:
     """A trial from its entry in Tune's experiment state: the JSON of its state (`Trial.get_json_state`) and of its
     run metadata (`_TrainingRunMetadata`); its error text from the file that metadata names in the trial's folder."""
-    result = dict(metadata.get("last_result") or {})
+    result = dict(metadata.get("last_result") or {"trial_id": state["trial_id"]})  # Trial.last_result's default
     error = None
     if state["status"] == "ERROR" and metadata.get("error_filename"):
         error_file = study_dir / state["relative_logdir"] / metadata["error_filename"]
