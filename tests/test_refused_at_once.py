@@ -169,6 +169,15 @@ def test_a_searched_value_no_model_can_build_is_refused_before_ray_starts(work):
     refused(work, "run", "space.yaml", expect=["fixed.mixer", "'stlt' (no heads)", "schedule gives it 4", "k=4"])
 
 
+def test_a_searched_head_count_the_gpt_cannot_rotate_is_refused(work):
+    """RoPE turns channels in pairs: 48 / 16 = 3 channels per head was refused only when the model was built."""
+    space = _language_model_space()
+    _write(work / "space.yaml", {**space, "fixed": {**space["fixed"], "dim": 48}, "conditional": [],
+                                 "parameters": {"num_heads": [4, 16]}, "points_to_evaluate": []})
+    refused(work, "run", "space.yaml", expect=["parameters.num_heads = 16", "RoPE needs an even head dimension",
+                                               "got 3"])
+
+
 def test_a_run_config_no_model_can_build_is_refused(work):
     _write(work / "config.yaml", {**RUN_CONFIG, "hyperparameters": {**RUN_CONFIG["hyperparameters"],
                                                                     "mixer": "stlt", "k": 2}})
