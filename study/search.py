@@ -24,7 +24,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from study.errors import UserError
-from study.space import SearchSpace
+from study.space import CONFIG_ID, REPLICATE, SEED, SearchSpace
 
 # Optuna flags multivariate/grouped TPE as experimental; it is what conditional spaces need.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -116,8 +116,6 @@ class StudySearch(OptunaSearch):
         return super().on_trial_complete(trial_id, result, error)
 
 
-# Keys every trial's config carries besides its sampled values (none is a hyperparameter name).
-CONFIG_ID, REPLICATE, SEED = "config_id", "replicate", "seed"
 JOURNAL_FILE = "optuna.journal"
 
 
