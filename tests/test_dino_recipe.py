@@ -1,15 +1,19 @@
 """search_spaces/dino_vits_imagenet.yaml against the reference it claims: facebookresearch/dino's ViT-S/16 100-epoch
 run (README: `main_dino.py --arch vit_small`, everything else at main_dino.py's argparse defaults), its linear
-evaluation (eval_linear.py) and the ViT it trains (vision_transformer.py). The reference values are written out here
-with the lines they come from, so a change to the space that departs from them fails."""
+evaluation (eval_linear.py) and the ViT it trains (vision_transformer.py; written out in tests/reference_vits.py). The
+reference values are written out here with the lines they come from, so a change to the space that departs from
+them fails."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from models import build_model, count_parameters
+from reference_vits import dino_forward, dino_head_forward, dino_parameter_shapes, project_to_reference
 from study.space import load_space
+from study.tasks.dino import DINO, clip_each_gradient_
 
 SPACE = load_space(Path(__file__).resolve().parents[1] / "search_spaces" / "dino_vits_imagenet.yaml")
 GPUS = 8  # the README's single-node command: --nproc_per_node=8
@@ -104,3 +108,69 @@ def test_the_probes_are_eval_linear_and_dinov2s_linear_decoder():
 def test_the_grid_keeps_fewer_laplacian_heads_than_vit_small_has():
     grid = SPACE.parameters["k"].choices
     assert SPACE.metric == "linear/val_acc" and {0, 5} <= set(grid) and max(grid) < 6  # the paper's 0 and 5 of 6
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The student DINO trains, by weight transfer, and DINO's gradient clipping on its tensors
+
+
+def _student(depth=2, out_dim=300):
+    """The space's student (ViT-S/16 backbone and DINO head), `depth` blocks, in float64 with every parameter moved
+    off its initial value (zero biases, unit norms and g = 1 would hide a misplaced one)."""
+    keys = ("preset", "layer_scale_init", "drop_path", "drop_path_schedule", "class_pos_embed")
+    config = {**{key: SPACE.fixed[key] for key in keys}, "depth": depth, "k": 0}
+    torch.manual_seed(0)
+    model = DINO.build_model(config, {"dino_out_dim": out_dim}, None).double()
+    with torch.no_grad():
+        for p in model.student.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.student.eval()
+
+
+def test_the_student_is_dinos_vit_small_and_head_by_weight_transfer():
+    student = _student()
+    weights = project_to_reference(student.named_parameters())
+    assert {name: tuple(p.shape) for name, p in weights.items()} == dino_parameter_shapes(
+        384, 2, 16, 3, (224 // 16) ** 2, 300)
+    backbone = {name.removeprefix("backbone."): p for name, p in weights.items() if name.startswith("backbone.")}
+    head = {name.removeprefix("head."): p for name, p in weights.items() if name.startswith("head.")}
+    torch.manual_seed(1)
+    crops = [torch.randn(2, 3, 224, 224, dtype=torch.float64) for _ in range(2)] + \
+        [torch.randn(2, 3, 96, 96, dtype=torch.float64) for _ in range(2)]  # main_dino.py: 224 global, 96 local
+    with torch.no_grad():
+        expected = torch.cat([dino_head_forward(head, dino_forward(backbone, c, heads=6, patch=16)) for c in crops])
+        torch.testing.assert_close(student(crops), expected, rtol=1e-10, atol=1e-12)
+
+
+def dino_clip_gradients(grads: dict[str, np.ndarray], clip: float) -> dict[str, np.ndarray]:
+    """utils.py:132-141: every parameter with a gradient, its norm n, multiplied by clip / (n + 1e-6) where < 1."""
+    clipped = {}
+    for name, grad in grads.items():
+        coefficient = clip / (np.linalg.norm(grad) + 1e-6)
+        clipped[name] = grad * coefficient if coefficient < 1 else grad
+    return clipped
+
+
+def test_gradient_clipping_is_dinos_clip_gradients_on_dinos_tensors():
+    # main_dino.py:331-332 clips the student's gradients with utils.clip_gradients(student, --clip_grad 3.0): each
+    # parameter of DINO's student on its own, pos_embed (the class token's row and the patches') one of them.
+    student, clip = _student(depth=1), MAIN_DINO["clip_grad"]
+    rng = np.random.default_rng(2)
+    for name, p in student.named_parameters():
+        if p.requires_grad:  # the head's g is frozen (norm_last_layer): no gradient, as in DINO
+            grad = rng.standard_normal(tuple(p.shape))
+            p.grad = torch.from_numpy(grad * rng.uniform(0.3, 3.0) * clip / np.linalg.norm(grad))
+    with torch.no_grad():  # the class token's row and the patches' rows of norm 0.75 clip each: under the clip
+        grad = student.backbone.pos_embed.grad[0]  # apart, over it together (1.06 clip)
+        grad[:1].mul_(0.75 * clip / grad[:1].norm())
+        grad[1:].mul_(0.75 * clip / grad[1:].norm())
+    grads = {name: p.grad.numpy().copy() for name, p in project_to_reference(student.named_parameters()).items()
+             if p.grad is not None}
+    shapes = dino_parameter_shapes(384, 1, 16, 3, (224 // 16) ** 2, 300)
+    assert {name: g.shape for name, g in grads.items()} == {n: s for n, s in shapes.items() if "weight_g" not in n}
+    expected = dino_clip_gradients(grads, clip)
+    assert np.linalg.norm(expected["backbone.pos_embed"]) == pytest.approx(clip, rel=1e-6)
+    clip_each_gradient_(student, clip)
+    for name, p in project_to_reference(student.named_parameters()).items():
+        if p.grad is not None:
+            np.testing.assert_allclose(p.grad.numpy(), expected[name], rtol=1e-12, atol=0, err_msg=name)

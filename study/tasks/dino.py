@@ -265,7 +265,9 @@ class DINO(Task):
 
 @torch.no_grad()
 def clip_each_gradient_(module: nn.Module, clip: float) -> None:
-    """utils.clip_gradients: scale each parameter's gradient to norm at most `clip`, separately."""
+    """utils.py:132-141 clip_gradients: scale each parameter's gradient to norm at most `clip` (by clip / (norm +
+    1e-6)), separately. The student's parameters are DINO's one for one, the position embedding of the class token
+    and of the patches one tensor (`class_pos_embed`), so each is clipped as DINO clips it."""
     for p in module.parameters():
         if p.grad is not None:
             norm = p.grad.norm(2)
