@@ -174,3 +174,115 @@ def test_gradient_clipping_is_dinos_clip_gradients_on_dinos_tensors():
     for name, p in project_to_reference(student.named_parameters()).items():
         if p.grad is not None:
             np.testing.assert_allclose(p.grad.numpy(), expected[name], rtol=1e-12, atol=0, err_msg=name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training steps: the DINO task's against main_dino.py's train_one_epoch, written out on DINO's tensors
+
+
+def dino_cosine_scheduler(base, final, epochs, niter_per_ep, warmup_epochs=0, start_warmup_value=0.0):
+    """utils.py:187-198 cosine_scheduler."""
+    warmup = np.linspace(start_warmup_value, base, warmup_epochs * niter_per_ep) if warmup_epochs > 0 else np.array([])
+    iters = np.arange(epochs * niter_per_ep - warmup_epochs * niter_per_ep)
+    return np.concatenate((warmup, final + 0.5 * (base - final) * (1 + np.cos(np.pi * iters / len(iters)))))
+
+
+def dino_loss(student_output, teacher_output, center, temp, ncrops, student_temp=0.1, center_momentum=0.9):
+    """main_dino.py:380-416 DINOLoss.forward on one process: the loss and the new centre."""
+    student_out = (student_output / student_temp).chunk(ncrops)
+    teacher_out = torch.softmax((teacher_output - center) / temp, dim=-1).detach().chunk(2)
+    total, terms = 0, 0
+    for iq, q in enumerate(teacher_out):
+        for v in range(len(student_out)):
+            if v != iq:
+                total += torch.sum(-q * torch.log_softmax(student_out[v], dim=-1), dim=-1).mean()
+                terms += 1
+    batch_center = torch.sum(teacher_output, dim=0, keepdim=True) / len(teacher_output)
+    return total / terms, center * center_momentum + batch_center.detach() * (1 - center_momentum)
+
+
+def test_six_training_steps_are_main_dinos_train_one_epoch():
+    from contextlib import nullcontext
+
+    from study.optim import build_optimizer, build_schedule
+    from study.runspec import TrainConfig
+    from study.state import TrainState
+    from study.tasks import GeometrySpec, StepSettings
+    from study.worker import Worker
+
+    # A small ViT of DINO's kind (one pos_embed over the class token and the patches, no LayerScale), 32-pixel global
+    # and 16-pixel local crops (so the position embeddings are resized), 2 epochs of 3 steps: the lr warms up over
+    # the first, the head's last layer stays fixed in it (freeze_last_layer 1), the teacher temperature warms up.
+    config = {"preset": "vit_s16", "image_size": 32, "patch_size": 8, "dim": 48, "depth": 2, "num_heads": 3,
+              "layer_scale_init": 0.0, "class_pos_embed": True, "drop_path": 0.0, "k": 0, "num_classes": 10}
+    options = {"dino_out_dim": 64, "dino_momentum_teacher": 0.9, "dino_freeze_last_layer": 1,
+               "dino_warmup_teacher_temp": 0.04, "dino_teacher_temp": 0.07, "dino_warmup_teacher_temp_epochs": 1,
+               "dino_weight_decay_end": 0.4}
+    train = TrainConfig(lr=5e-3, min_lr_ratio=0.1, warmup_epochs=1, weight_decay=0.04, grad_clip=0.05)
+    steps_per_epoch, epochs, ncrops = 3, 2, 4
+    torch.manual_seed(0)
+    model = DINO.build_model(config, options, None).double()
+    student = project_to_reference(model.student.named_parameters())
+    S = {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in student.items()}
+    T = {name: p.detach().clone() for name, p in project_to_reference(model.teacher.named_parameters()).items()}
+    assert all(torch.equal(S[name], T[name]) for name in S)  # main_dino.py:208
+    g = torch.Generator().manual_seed(1)
+    batches = [[torch.randn(4, 3, size, size, generator=g, dtype=torch.float64) for size in (32, 32, 16, 16)]
+               for _ in range(steps_per_epoch * epochs)]
+
+    # The reference: main_dino.py:225-251 (groups, AdamW, schedules), train_one_epoch (:306-350).
+    regularized = [n for n, p in S.items() if p.requires_grad and not (n.endswith(".bias") or p.ndim == 1)]
+    plain = [n for n, p in S.items() if p.requires_grad and (n.endswith(".bias") or p.ndim == 1)]
+    optimizer = torch.optim.AdamW([{"params": [S[n] for n in regularized]},  # utils.py:632-643
+                                   {"params": [S[n] for n in plain], "weight_decay": 0.0}])
+    lr_schedule = dino_cosine_scheduler(train.lr, train.lr * train.min_lr_ratio, epochs, steps_per_epoch,
+                                        warmup_epochs=int(train.warmup_epochs))  # an int in DINO
+    wd_schedule = dino_cosine_scheduler(train.weight_decay, options["dino_weight_decay_end"], epochs, steps_per_epoch)
+    momentum_schedule = dino_cosine_scheduler(options["dino_momentum_teacher"], 1, epochs, steps_per_epoch)
+    temps = np.concatenate((np.linspace(0.04, 0.07, 1), np.ones(epochs - 1) * 0.07))  # main_dino.py:374-378
+    center = torch.zeros(1, options["dino_out_dim"], dtype=torch.float64)
+
+    def forward(weights, crops):  # utils.py:609-629 MultiCropWrapper: backbone, then the head
+        backbone = {n.removeprefix("backbone."): p for n, p in weights.items() if n.startswith("backbone.")}
+        head = {n.removeprefix("head."): p for n, p in weights.items() if n.startswith("head.")}
+        return dino_head_forward(head, torch.cat([dino_forward(backbone, c, heads=3, patch=8) for c in crops]))
+
+    for it, crops in enumerate(batches):
+        epoch = it // steps_per_epoch
+        for i, group in enumerate(optimizer.param_groups):
+            group["lr"] = lr_schedule[it]
+            if i == 0:
+                group["weight_decay"] = wd_schedule[it]
+        with torch.no_grad():
+            teacher_output = forward(T, crops[:2])
+        loss, center = dino_loss(forward(S, crops), teacher_output, center, temps[epoch], ncrops)
+        optimizer.zero_grad()
+        loss.backward()
+        grads = dino_clip_gradients({n: p.grad.numpy() for n, p in S.items() if p.grad is not None}, train.grad_clip)
+        for n, grad in grads.items():
+            S[n].grad = torch.from_numpy(grad)
+        if epoch < options["dino_freeze_last_layer"]:  # utils.py:144-149
+            for n in S:
+                if "last_layer" in n:
+                    S[n].grad = None
+        optimizer.step()
+        with torch.no_grad():
+            for n in T:
+                T[n] = T[n] * momentum_schedule[it] + (1 - momentum_schedule[it]) * S[n].detach()
+
+    # The project's task, step by step as the loop calls it.
+    run = {**config, **options, **train.model_dump()}
+    project_optimizer = build_optimizer(model, train, 1.0)
+    state = TrainState(model, model, project_optimizer,
+                       build_schedule(project_optimizer, train, steps_per_epoch, epochs))
+    task = DINO(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(), hyperparameters=run)
+    for crops in batches:
+        task.train_step(state, {"crops": crops, "label": torch.arange(4)},
+                        StepSettings(nullcontext(), train.grad_clip, steps_per_epoch, epochs))
+
+    for ours, theirs in ((model.student, S), (model.teacher, T)):
+        for name, p in project_to_reference(ours.named_parameters()).items():
+            torch.testing.assert_close(p.detach(), theirs[name].detach(), rtol=1e-9, atol=1e-12, msg=name)
+    torch.testing.assert_close(model.loss.center, center, rtol=1e-9, atol=1e-12)
+    moved = [name for name in S if not torch.equal(S[name], student[name].detach())]
+    assert "head.last_layer.weight_v" in moved and "backbone.pos_embed" in moved
