@@ -69,8 +69,8 @@ def test_pretraining_is_main_dinos_vit_small_run():
 
 def test_the_backbone_is_dinos_vit_small():
     """vision_transformer.py vit_small: patch 16, dim 384, depth 12, 6 heads, mlp 4, qkv_bias, LayerNorm eps 1e-6,
-    no LayerScale, a position embedding for the class token as for every patch, stochastic depth rising linearly from 0 to drop_path_rate (dpr = linspace); 21.7M parameters
-    without a classifier head (DINO's table: 21M)."""
+    no LayerScale, a position embedding for the class token as for every patch, stochastic depth rising linearly
+    from 0 to drop_path_rate (dpr = linspace); 21.7M parameters without a classifier head (DINO's table: 21M)."""
     config = {**{k: v for k, v in SPACE.fixed.items() if not k.startswith("dino_")}, "k": 0}
     vit = build_model({key: config[key] for key in ("preset", "layer_scale_init", "drop_path", "drop_path_schedule",
                                                     "class_pos_embed", "k")}, device="meta")
@@ -201,7 +201,29 @@ def dino_loss(student_output, teacher_output, center, temp, ncrops, student_temp
     return total / terms, center * center_momentum + batch_center.detach() * (1 - center_momentum)
 
 
-def test_six_training_steps_are_main_dinos_train_one_epoch():
+# A small ViT of DINO's kind (one pos_embed over the class token and the patches, no LayerScale), 32-pixel global and
+# 16-pixel local crops (so the position embeddings are resized), 2 epochs of 3 steps: the lr warms up over the first,
+# the head's last layer stays fixed in it (freeze_last_layer 1), the teacher temperature warms up.
+SMALL = {"preset": "vit_s16", "image_size": 32, "patch_size": 8, "dim": 48, "depth": 2, "num_heads": 3,
+         "layer_scale_init": 0.0, "class_pos_embed": True, "drop_path": 0.0, "k": 0, "num_classes": 10}
+SMALL_OPTIONS = {"dino_out_dim": 64, "dino_momentum_teacher": 0.9, "dino_freeze_last_layer": 1,
+                 "dino_warmup_teacher_temp": 0.04, "dino_teacher_temp": 0.07, "dino_warmup_teacher_temp_epochs": 1,
+                 "dino_weight_decay_end": 0.4}
+SMALL_TRAIN = {"lr": 5e-3, "min_lr_ratio": 0.1, "warmup_epochs": 1, "weight_decay": 0.04, "grad_clip": 0.05}
+STEPS_PER_EPOCH, EPOCHS = 3, 2
+
+
+def _small_dino():
+    torch.manual_seed(0)
+    model = DINO.build_model(SMALL, SMALL_OPTIONS, None).double()
+    g = torch.Generator().manual_seed(1)
+    batches = [[torch.randn(4, 3, size, size, generator=g, dtype=torch.float64) for size in (32, 32, 16, 16)]
+               for _ in range(STEPS_PER_EPOCH * EPOCHS)]
+    return model, batches
+
+
+def _project_steps(model, batches, state=None):
+    """The DINO task's train_step on each batch, as the loop calls it (a fresh task, as in a resumed run)."""
     from contextlib import nullcontext
 
     from study.optim import build_optimizer, build_schedule
@@ -210,25 +232,28 @@ def test_six_training_steps_are_main_dinos_train_one_epoch():
     from study.tasks import GeometrySpec, StepSettings
     from study.worker import Worker
 
-    # A small ViT of DINO's kind (one pos_embed over the class token and the patches, no LayerScale), 32-pixel global
-    # and 16-pixel local crops (so the position embeddings are resized), 2 epochs of 3 steps: the lr warms up over
-    # the first, the head's last layer stays fixed in it (freeze_last_layer 1), the teacher temperature warms up.
-    config = {"preset": "vit_s16", "image_size": 32, "patch_size": 8, "dim": 48, "depth": 2, "num_heads": 3,
-              "layer_scale_init": 0.0, "class_pos_embed": True, "drop_path": 0.0, "k": 0, "num_classes": 10}
-    options = {"dino_out_dim": 64, "dino_momentum_teacher": 0.9, "dino_freeze_last_layer": 1,
-               "dino_warmup_teacher_temp": 0.04, "dino_teacher_temp": 0.07, "dino_warmup_teacher_temp_epochs": 1,
-               "dino_weight_decay_end": 0.4}
-    train = TrainConfig(lr=5e-3, min_lr_ratio=0.1, warmup_epochs=1, weight_decay=0.04, grad_clip=0.05)
-    steps_per_epoch, epochs, ncrops = 3, 2, 4
-    torch.manual_seed(0)
-    model = DINO.build_model(config, options, None).double()
+    train = TrainConfig(**SMALL_TRAIN)
+    if state is None:
+        optimizer = build_optimizer(model, train, 1.0)
+        state = TrainState(model, model, optimizer, build_schedule(optimizer, train, STEPS_PER_EPOCH, EPOCHS))
+    task = DINO(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(),
+                hyperparameters={**SMALL, **SMALL_OPTIONS, **train.model_dump()})
+    for crops in batches:
+        task.train_step(state, {"crops": crops, "label": torch.arange(4)},
+                        StepSettings(nullcontext(), train.grad_clip, STEPS_PER_EPOCH, EPOCHS))
+    return state
+
+
+def test_six_training_steps_are_main_dinos_train_one_epoch():
+    from study.runspec import TrainConfig
+
+    config, options, train = SMALL, SMALL_OPTIONS, TrainConfig(**SMALL_TRAIN)
+    steps_per_epoch, epochs, ncrops = STEPS_PER_EPOCH, EPOCHS, 4
+    model, batches = _small_dino()
     student = project_to_reference(model.student.named_parameters())
     S = {name: p.detach().clone().requires_grad_(p.requires_grad) for name, p in student.items()}
     T = {name: p.detach().clone() for name, p in project_to_reference(model.teacher.named_parameters()).items()}
     assert all(torch.equal(S[name], T[name]) for name in S)  # main_dino.py:208
-    g = torch.Generator().manual_seed(1)
-    batches = [[torch.randn(4, 3, size, size, generator=g, dtype=torch.float64) for size in (32, 32, 16, 16)]
-               for _ in range(steps_per_epoch * epochs)]
 
     # The reference: main_dino.py:225-251 (groups, AdamW, schedules), train_one_epoch (:306-350).
     regularized = [n for n, p in S.items() if p.requires_grad and not (n.endswith(".bias") or p.ndim == 1)]
@@ -270,19 +295,30 @@ def test_six_training_steps_are_main_dinos_train_one_epoch():
             for n in T:
                 T[n] = T[n] * momentum_schedule[it] + (1 - momentum_schedule[it]) * S[n].detach()
 
-    # The project's task, step by step as the loop calls it.
-    run = {**config, **options, **train.model_dump()}
-    project_optimizer = build_optimizer(model, train, 1.0)
-    state = TrainState(model, model, project_optimizer,
-                       build_schedule(project_optimizer, train, steps_per_epoch, epochs))
-    task = DINO(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(), hyperparameters=run)
-    for crops in batches:
-        task.train_step(state, {"crops": crops, "label": torch.arange(4)},
-                        StepSettings(nullcontext(), train.grad_clip, steps_per_epoch, epochs))
-
+    _project_steps(model, batches)
     for ours, theirs in ((model.student, S), (model.teacher, T)):
         for name, p in project_to_reference(ours.named_parameters()).items():
             torch.testing.assert_close(p.detach(), theirs[name].detach(), rtol=1e-9, atol=1e-12, msg=name)
     torch.testing.assert_close(model.loss.center, center, rtol=1e-9, atol=1e-12)
     moved = [name for name in S if not torch.equal(S[name], student[name].detach())]
     assert "head.last_layer.weight_v" in moved and "backbone.pos_embed" in moved
+
+
+def test_a_resumed_run_trains_on_as_if_never_stopped():
+    # The loop restores the model and the optimiser (whose groups hold the last scheduled weight decay) into a fresh
+    # task: DINO's schedules must start from the run's keys and the step count, not from those groups.
+    import copy
+
+    model, batches = _small_dino()
+    resumed = copy.deepcopy(model)
+    _project_steps(model, batches)
+    state = _project_steps(resumed, batches[:4])
+    saved = copy.deepcopy({"model": resumed.state_dict(), "optimizer": state.optimizer.state_dict()})
+    fresh, _ = _small_dino()
+    state_after = _project_steps(fresh, [])
+    fresh.load_state_dict(saved["model"])
+    state_after.optimizer.load_state_dict(saved["optimizer"])
+    state_after.step = 4
+    _project_steps(fresh, batches[4:], state_after)
+    for (name, p), q in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(p, q), name
