@@ -30,7 +30,7 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     optimizer: Literal["adamw", "lamb", "sgd", "nanochat"] = Field(
-        "adamw", description="AdamW; LAMB (pytorch_optimizer) as in DeiT III; SGD with momentum beta1 (Nesterov off) "
+        "adamw", description="AdamW; LAMB as DeiT III runs it (apex FusedLAMB); SGD with momentum beta1 (Nesterov off) "
                              "as DINO's linear probe trains; nanochat: Muon for the GPT blocks' matrices and AdamW "
                              "for embedding and head at matrix_lr, embedding_lr, unembedding_lr, with nanochat's "
                              "warm-down schedule (docs/nanochat.md; lr, beta1, beta2, eps are then not used)")
