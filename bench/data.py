@@ -162,7 +162,7 @@ def main():
              _temp_dir=tempfile.mkdtemp(prefix="lsr", dir="/tmp"))
     ray.data.DataContext.get_current().enable_progress_bars = False
     ray_init_s = time.perf_counter() - start
-    data = load_task_data("classification", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
 
     def ray_epoch(epoch):
         return data.train_batches(data.datasets["train"], batch_size=args.batch_size, epoch=epoch, seed=0,

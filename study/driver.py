@@ -168,7 +168,7 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
     the data fixes, and each one's batch against the training split."""
     if task_data is None:
         for stage in space.stages:
-            check_dataset(stage.task, stage.dataset or space.dataset)
+            check_dataset(stage.dataset or space.dataset)
         check_evaluations(space)
         return
 

@@ -22,6 +22,7 @@ import ray
 import torch
 
 import models
+from study.bookkeeping import BOOKKEEPING
 from study.optim import build_optimizer, build_schedule, peak_lr
 from study.plots import draw_geometry, draw_layer_history
 from study.data.task_data import TRAIN
@@ -30,13 +31,10 @@ from study.host import InProcessHost, TrainWorkerHost
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import CHECKPOINT_FILE, TrainState
 from study.tasks import StepSettings, Task, task_class
-from study.tracking import RAY_ONLY_KEYS, RunLogger, TrackingTarget, run_params
+from study.tracking import RunLogger, TrackingTarget, run_params
 from study.worker import seed_everything
 from study.yamlio import dump_yaml
 
-
-# What a report carries besides a stage's own metrics: Ray's bookkeeping and the run's epoch counter.
-BOOKKEEPING = RAY_ONLY_KEYS | {"epoch", "step", "stage", "diverged", "error"}
 
 
 @dataclass(frozen=True)

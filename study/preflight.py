@@ -56,13 +56,13 @@ def preflight(request: Request, check_configs: Callable[[TaskData | None], None]
     if request.tracking_uri:
         check_store(request.tracking_uri, request.experiment, must_be_new=request.new_experiment)
     check_address(request.address)
-    check_dataset(request.task, request.dataset)
+    check_dataset(request.dataset)
     ended = end_session(previous)
     if ended:
         print(f"ended {len(ended)} process(es) the stopped study's Ray session left running: {', '.join(ended)}",
               flush=True)
     session_dir = connect_ray(request.address, request.storage)
-    task_data = load_task_data(request.task, request.dataset, seed=request.seed)
+    task_data = load_task_data(request.dataset, seed=request.seed)
     check_configs(task_data)
     alive = [node for node in ray.nodes() if node["Alive"]]
     check_tracking_store(request.tracking_uri, request.storage, request.address,

@@ -27,6 +27,7 @@ from jinja2 import Environment
 from mlflow.tracking import MlflowClient
 
 from study import figures
+from study.bookkeeping import TRIAL_IDENTITY
 from study.folder import StudyFolder
 from study.plots import LAYER_METRIC
 from study.results import (
@@ -237,7 +238,7 @@ def _figures(report: Report, space: SearchSpace, groups: list[Configuration], co
 
 def _values_of(rows: list[dict]) -> str:
     config = rows[0].get("config", {}) if rows else {}
-    return ", ".join(f"{k}={v}" for k, v in config.items() if k not in ("config_id", "replicate", "seed"))
+    return ", ".join(f"{k}={v}" for k, v in config.items() if k not in TRIAL_IDENTITY)
 
 
 def _layer_tables(trials: list[TrialRecord]) -> dict[str, tuple[list[str], np.ndarray]]:

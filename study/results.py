@@ -19,9 +19,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from study.bookkeeping import CONFIG_ID, REPLICATE, SEED, TRIAL_IDENTITY
 from study.errors import UserError
 from study.folder import StudyFolder
-from study.space import CONFIG_ID, REPLICATE, SEED
 from study.stats import PairedDifference, Summary, paired_difference, summarize
 from study.status import TrialStatus, trial_status
 
@@ -52,7 +52,7 @@ class TrialRecord:
     @property
     def sampled(self) -> dict:
         """The values the sampler chose (what the configuration is), without the replicate's bookkeeping."""
-        return {k: v for k, v in self.params.items() if k not in (CONFIG_ID, REPLICATE, SEED)}
+        return {k: v for k, v in self.params.items() if k not in TRIAL_IDENTITY}
 
 
 @dataclass

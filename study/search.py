@@ -23,8 +23,9 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from study.bookkeeping import CONFIG_ID, REPLICATE, SEED
 from study.errors import UserError
-from study.space import CONFIG_ID, REPLICATE, SEED, SearchSpace
+from study.space import SearchSpace
 
 # Optuna flags multivariate/grouped TPE as experimental; it is what conditional spaces need.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -38,9 +38,6 @@ Scalar = Union[bool, int, float, str, None]
 MULTI_OBJECTIVE_SAMPLERS = ("tpe", "random", "nsga2", "grid")
 # Validation tries every combination of the parameters' extreme values up to this many, then one at a time.
 MAX_CORNER_COMBINATIONS = 4096
-# Keys every trial's config carries besides its sampled values (none is a hyperparameter name): its configuration,
-# which replicate of it the trial is, and that replicate's seed (study/search.py's ReplicatedSearch sets them).
-CONFIG_ID, REPLICATE, SEED = "config_id", "replicate", "seed"
 
 
 class _Strict(BaseModel):

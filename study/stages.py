@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from study.bookkeeping import BOOKKEEPING
 from study.data import TaskData
 from study.host import newest_checkpoint
-from study.loop import BOOKKEEPING, StageContext
+from study.loop import StageContext
 from study.runspec import RunSpec, complete_hyperparameters
 from study.storage import join
 from study.tasks import task_class

@@ -7,8 +7,8 @@ import logging
 
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
-from ray.tune.result import AUTO_RESULT_KEYS
 
+from study.bookkeeping import CONFIG_ID, REPLICATE, TUNE_ADDED
 from study.errors import UserError, validate
 from study.folder import StudyFolder
 from study.results import TrialRecord, load_records, trial_rows
@@ -38,8 +38,6 @@ from study.tracking import (
 from study.yamlio import dump_yaml, load_yaml
 
 log = logging.getLogger(__name__)
-# What Tune adds to every reported result: bookkeeping, not the trial's metrics.
-TUNE_KEYS = frozenset(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag"}
 
 
 def sync_runs(folder: StudyFolder, tracking_uri: str, experiment_id: str, records: list[TrialRecord] | None = None) -> int:
@@ -58,7 +56,7 @@ def sync_runs(folder: StudyFolder, tracking_uri: str, experiment_id: str, record
     for trial_id, record in by_id.items():
         if not record.status.finished:
             continue
-        reported = {int(row["epoch"]): {k: v for k, v in row.items() if k not in TUNE_KEYS}
+        reported = {int(row["epoch"]): {k: v for k, v in row.items() if k not in TUNE_ADDED}
                     for row in rows.get(trial_id, []) if "epoch" in row}
         try:
             _sync_trial(folder, tracking_uri, experiment_id, record, reported)
@@ -90,8 +88,8 @@ def _sync_trial(folder: StudyFolder, tracking_uri: str, experiment_id: str, reco
         path = folder.trial_config(record.trial_id)
         spec = validate(RunSpec, load_yaml(path, "trial config"), prefix=f"{path}: ")
         num_params = int(next(iter(reported.values())).get("num_params", 0))
-        replicate = {TAG_CONFIG: str(spec.provenance.get("config_id", record.trial_id)),
-                     TAG_REPLICATE: str(spec.provenance.get("replicate", 0))}
+        replicate = {TAG_CONFIG: str(spec.provenance.get(CONFIG_ID, record.trial_id)),
+                     TAG_REPLICATE: str(spec.provenance.get(REPLICATE, 0))}
         target = TrackingTarget(tracking_uri, experiment_id, record.name, record.trial_id, folder.name,
                                 parent_run_id=find_study_run(client, experiment_id), tags=replicate)
         logger = RunLogger(target, run_params(spec, num_params), dump_yaml(spec.document()))

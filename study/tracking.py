@@ -42,6 +42,7 @@ from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  #
 from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
 
+from study.bookkeeping import EPOCH, RAY_ONLY  # noqa: E402
 from study.data.hub import probe_url  # noqa: E402
 from study.errors import UserError  # noqa: E402
 from study.folder import local_store  # noqa: E402
@@ -63,8 +64,6 @@ EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_dev
 MLFLOW_CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
                                "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
 _CREDENTIALS = re.compile(r"(\w+://)[^/\s@]+@")
-# What the training loop reports to Ray besides the epoch's metrics (Ray's records only, not MLflow metrics).
-RAY_ONLY_KEYS = frozenset({"mlflow_run_id", "resumed_from_epoch", "worker_node_id", "worker_pid", "checkpoint_path"})
 SYSTEM_METRICS_EVERY_S = 5  # MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides it
 # MLflow caps a param value at 6000 characters and a batch at 100 params / 1000 metrics.
 MAX_PARAM_CHARS, PARAMS_PER_BATCH, METRICS_PER_BATCH = 6000, 100, 1000
@@ -202,9 +201,9 @@ def epoch_metrics(epoch: int, values: dict) -> list[Metric]:
     epoch history lists only epochs whose metrics are all in."""
     now = int(time.time() * 1000)
     metrics = [Metric(key, float(value), now, epoch) for key, value in values.items()
-               if key != "epoch" and key not in RAY_ONLY_KEYS and isinstance(value, int | float)
+               if key != EPOCH and key not in RAY_ONLY and isinstance(value, int | float)
                and not isinstance(value, bool) and math.isfinite(value)]
-    return metrics + [Metric("epoch", float(epoch), now, epoch)]
+    return metrics + [Metric(EPOCH, float(epoch), now, epoch)]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def train_once(path: Path, spec: RunSpec, *, storage: str, tracking_uri: str | N
           f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)
     try:
         metrics = run_stages(spec, name, setup, task_data,
-                             lambda stage: load_task_data(stage.task, stage.dataset, seed=spec.seed))
+                             lambda stage: load_task_data(stage.dataset, seed=spec.seed))
     except Exception as exc:
         status, error = trial_status("ERROR", None, spec.total_epochs, error=str(exc))
         close_run(tracking_uri, experiment_id, run_id=None, trial_id=name, status=status, error=error)

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 
 from ray import tune
 
+from study.bookkeeping import CONFIG_ID, REPLICATE, SEED
 from study.data import load_task_data
 from study.folder import StudyFolder
 from study.runspec import Resources, complete_hyperparameters
-from study.space import CONFIG_ID, REPLICATE, SEED, SearchSpace
+from study.space import SearchSpace
 from study.stages import run_stages
 from study.tracking import TAG_CONFIG, TAG_REPLICATE, TrackingTarget
 from study.trainer import RunSetup
@@ -46,18 +47,18 @@ def trial_driver(config: dict, study: StudyContext) -> None:
     trial_id, name = context.get_trial_id(), context.get_trial_name()
     space = study.space
     seed = config.get(SEED, study.seed)  # the replicate's seed (studies started before replicates: the study's)
-    replicate = {"config_id": config.get(CONFIG_ID, trial_id), "replicate": config.get(REPLICATE, 0)}
-    task_data = load_task_data(space.task, space.dataset, seed=seed)
+    replicate = {CONFIG_ID: config.get(CONFIG_ID, trial_id), REPLICATE: config.get(REPLICATE, 0)}
+    task_data = load_task_data(space.dataset, seed=seed)
     hyperparameters = complete_hyperparameters(space.resolve(config), task_data.model_overrides, space.task)
     spec = space.run_spec(hyperparameters, study.resources, seed=seed,
                           provenance={"study": study.folder.name, "trial_id": trial_id, "trial_name": name,
                                       **replicate})
     study.folder.write_trial_config(trial_id, dump_yaml(spec.document()))
-    tags = {TAG_CONFIG: replicate["config_id"], TAG_REPLICATE: str(replicate["replicate"])}
+    tags = {TAG_CONFIG: replicate[CONFIG_ID], TAG_REPLICATE: str(replicate[REPLICATE])}
     setup = RunSetup(storage_path=study.folder.train_location,
                      tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id,
                                              study.folder.name, parent_run_id=study.study_run_id, tags=tags),
                      in_process=study.in_process, report_to_tune=True, max_failures=study.max_failures,
                      worker_resources=study.worker_resources, allow_code_execution=study.allow_code_execution)
     # The trial's name names its stages' Train runs: a restarted trial finds their checkpoints again.
-    run_stages(spec, name, setup, task_data, lambda stage: load_task_data(stage.task, stage.dataset, seed=seed))
+    run_stages(spec, name, setup, task_data, lambda stage: load_task_data(stage.dataset, seed=seed))

@@ -154,7 +154,7 @@ def _refused_at_once(config: dict, within_s: float) -> str:
     """The one-line UserError check_dataset raises for `config`, within `within_s` seconds."""
     started = time.perf_counter()
     with pytest.raises(UserError) as error:
-        check_dataset("language_modeling", config)
+        check_dataset(config)
     message = str(error.value)
     assert time.perf_counter() - started < within_s and "\n" not in message
     return message
@@ -171,19 +171,19 @@ def test_hub_parts_fail_fast_offline_naming_the_offline_alternative(monkeypatch)
     assert message.startswith("dataset.train[1]: gsm8k streams openai/gsm8k") and "{name: jsonl" in message
     # a local copy is read instead of the hub, offline too
     config["train"][1]["local_dir"] = str(FIXTURES / "openai" / "gsm8k")
-    check_dataset("language_modeling", config)
+    check_dataset(config)
 
 
 def test_chat_part_fields_are_checked():
     with pytest.raises(UserError, match=r"dataset\.train\.0.*path is for name: jsonl"):
-        check_dataset("language_modeling", {"source": "chat", "train": [{"name": "smoltalk", "path": "x.jsonl"}],
+        check_dataset({"source": "chat", "train": [{"name": "smoltalk", "path": "x.jsonl"}],
                                             "val": [{"name": "smoltalk"}]})
     with pytest.raises(UserError, match=r"dataset\.val\[0\]\.local_dir: /nope is not a folder \(a local copy of "
                                         r"openai/gsm8k\)"):
-        check_dataset("language_modeling", {"source": "chat", "train": [{"name": "jsonl", "path": str(
+        check_dataset({"source": "chat", "train": [{"name": "jsonl", "path": str(
             FIXTURES / "conversations.jsonl")}], "val": [{"name": "gsm8k", "local_dir": "/nope"}]})
     with pytest.raises(UserError, match=r"dataset\.train\[0\]\.path: .*nope\.jsonl does not exist"):
-        check_dataset("language_modeling", {"source": "chat", "train": [{"name": "jsonl", "path": "/nope.jsonl"}],
+        check_dataset({"source": "chat", "train": [{"name": "jsonl", "path": "/nope.jsonl"}],
                                             "val": [{"name": "jsonl", "path": "/nope.jsonl"}]})
 
 
@@ -200,7 +200,7 @@ def test_the_stage_spaces_load_and_the_laptop_copy_finds_its_fixtures_offline(mo
     for stage in laptop.stages:
         for part in stage.dataset.train + stage.dataset.val:
             assert Path(part.local_dir or part.path).is_absolute() and Path(part.local_dir or part.path).exists()
-        check_dataset(stage.task, stage.dataset)
+        check_dataset(stage.dataset)
     d20 = load_space(spaces / "gpt_d20_stages.yaml")
     assert d20.fixed["optimizer"] == "nanochat" and d20.dataset.chat_tokens
     assert [stage.name for stage in d20.stages] == ["midtrain", "sft"]
@@ -292,7 +292,7 @@ def test_a_missing_word_list_is_fetched_once_from_its_url(tmp_path, word_server)
     config = {"source": "chat", "tokenizer": "byte",
               "train": [{"name": "simple_spelling", "size": 4, "path": str(path), "url": url}],
               "val": [{"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}]}
-    check_dataset("language_modeling", config)  # the URL answers: no error, nothing fetched yet
+    check_dataset(config)  # the URL answers: no error, nothing fetched yet
     assert not path.exists() and requests == []
     parts = [PartFiles("simple_spelling", (str(path),), url=url, size=4)]
     first = list(read_parts({"part": np.array([0, 0])}, parts))
@@ -334,7 +334,7 @@ def test_spelling_part_fields_are_checked():
                           ({"name": "simple_spelling", "size": 3, "path": "/nope.txt", "url": "ftp://x/words"},
                            r"dataset\.train\[0\]\.url: must be an http\(s\) URL, got 'ftp://x/words'")):
         with pytest.raises(UserError, match=pattern):
-            check_dataset("language_modeling", {"source": "chat", "train": [part], "val": [jsonl]})
+            check_dataset({"source": "chat", "train": [part], "val": [jsonl]})
 
 
 # nanochat's mixtures at e1770a3 as (task, split, stop, size), one entry per time a task is listed:

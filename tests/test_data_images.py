@@ -87,7 +87,7 @@ def _unnormalise(data, images):
 def test_parquet_source_shapes_labels_and_exact_evaluation_pixels(ray_local, parquet_dir):
     cfg = parse_dataset_config({"source": "parquet", "path": str(parquet_dir / "train"),
                                 "val_path": str(parquet_dir / "val")})
-    data = load_task_data("classification", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     assert data.model_overrides == {"num_classes": NUM_CLASSES, "image_size": SIDE, "in_chans": 3}
     assert (data.num_train, data.num_val) == (60, 20)
     val = _val(data)
@@ -106,13 +106,13 @@ def test_parquet_source_shapes_labels_and_exact_evaluation_pixels(ray_local, par
 
 def test_parquet_hold_out_split_is_disjoint_and_covers(ray_local, parquet_dir):
     cfg = {"source": "parquet", "path": str(parquet_dir / "train"), "val_fraction": 0.25, "augment": "none"}
-    data = load_task_data("classification", parse_dataset_config(cfg), seed=0)
+    data = load_task_data(parse_dataset_config(cfg), seed=0)
     train = {img.numpy().tobytes() for b in data.val_batches(data.datasets["train"], batch_size=64, device="cpu")
              for img in b["image"]}
     val = {img.numpy().tobytes() for b in _val(data) for img in b["image"]}
     assert not train & val and len(train) + len(val) == 60
     assert 5 <= len(val) <= 25  # a seeded hash split of 60 rows at 0.25
-    again = load_task_data("classification", parse_dataset_config(cfg), seed=3)
+    again = load_task_data(parse_dataset_config(cfg), seed=3)
     assert {img.numpy().tobytes() for b in _val(again) for img in b["image"]} == val  # split_seed, not the seed
 
 
@@ -122,7 +122,7 @@ def test_an_epoch_of_parquet_shards_starts_no_actor(ray_local, parquet_dir):
     from ray._private.state import actors
 
     cfg = {"source": "parquet", "path": str(parquet_dir / "train"), "val_fraction": 0.25, "augment": "none"}
-    data = load_task_data("classification", parse_dataset_config(cfg), seed=0)
+    data = load_task_data(parse_dataset_config(cfg), seed=0)
     assert _train(data) and _val(data)  # the first epoch may start Ray Data's own singletons (its stats actor)
     before = set(actors())
     assert _train(data, epoch=1) and _val(data)
@@ -133,7 +133,7 @@ def test_hub_code_path_reads_a_local_copy_of_the_repository(ray_local, hub_mirro
     monkeypatch.setenv(MIRROR_ENV, str(hub_mirror))
     cfg = parse_dataset_config({"source": "hf", "name": "cifar100", "augment": "three_augment",
                                 "mixup": 0.8, "cutmix": 1.0, "label_smoothing": 0.1})
-    data = load_task_data("classification", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     assert data.model_overrides == {"num_classes": 100, "image_size": 32, "in_chans": 3}
     assert data.params["read_from"] == "local copy" and data.params["hub_id"] == "uoft-cs/cifar100"
     val = _val(data)
@@ -150,14 +150,14 @@ def test_hub_code_path_reads_a_local_copy_of_the_repository(ray_local, hub_mirro
                                      str(hub_mirror / "uoft-cs" / "cifar100"), "image_column": "img",
                                      "label_column": "fine_label", "val_split": "test"})
     monkeypatch.delenv(MIRROR_ENV)
-    other = load_task_data("classification", explicit, seed=0)
+    other = load_task_data(explicit, seed=0)
     assert other.model_overrides["num_classes"] == 100  # from the ClassLabel feature in the parquet metadata
     assert (other.num_train, other.num_val) == (50, 15)
 
 
 def test_image_folder_split_sizes_labels_and_classes(ray_local, image_folder):
     cfg = parse_dataset_config({"source": "image_folder", "path": str(image_folder), "val_fraction": 0.25})
-    data = load_task_data("classification", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     assert (data.num_train, data.num_val) == (30, 10)
     assert data.model_overrides == {"num_classes": NUM_CLASSES, "image_size": SIDE, "in_chans": 3}
     expected = {np.asarray(img).tobytes(): y for img, y in _rows(40)}
@@ -172,7 +172,7 @@ def test_image_folder_split_sizes_labels_and_classes(ray_local, image_folder):
 def test_training_augmentation_is_deterministic_per_seed_and_epoch(ray_local, image_folder):
     cfg = parse_dataset_config({"source": "image_folder", "path": str(image_folder), "augment": "three_augment",
                                 "image_size": 24, "mixup": 0.8, "cutmix": 1.0})
-    data = load_task_data("classification", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     run = lambda **kw: torch.cat([b["image"] for b in _train(data, **kw)])  # noqa: E731
     first = run(epoch=0, seed=1)
     assert first.shape[1:] == (3, 24, 24)
@@ -189,7 +189,7 @@ def test_grayscale_images_keep_one_channel(ray_local, tmp_path):
         os.makedirs(tmp_path / f"c{i % 3}", exist_ok=True)
         _image(i % 3, i, side=16, mode="L").save(tmp_path / f"c{i % 3}" / f"{i}.png")
     cfg = parse_dataset_config({"source": "image_folder", "path": str(tmp_path), "val_fraction": 0.25})
-    data = load_task_data("classification", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     assert data.model_overrides == {"num_classes": 3, "image_size": 16, "in_chans": 1}
     assert _train(data, batch_size=3)[0]["image"].shape == (3, 1, 16, 16)
 
@@ -199,4 +199,4 @@ def test_a_wrong_column_is_a_user_error_naming_the_columns(ray_local, parquet_di
 
     cfg = parse_dataset_config({"source": "parquet", "path": str(parquet_dir / "train"), "label_column": "fine"})
     with pytest.raises(UserError, match="dataset.label_column: 'fine' is not a column of .*columns: image, label"):
-        load_task_data("classification", cfg, seed=0)
+        load_task_data(cfg, seed=0)

@@ -63,8 +63,8 @@ def test_a_map_batch_keeps_a_third_of_its_images_each_three_times_augmented_on_i
 
 def test_an_epoch_holds_each_chosen_image_three_times_side_by_side_and_as_many_images_as_the_split(ray_local):
     config = {"source": "digits", "augment": "basic", "repeated_aug": 3, **WHOLE_IMAGE}
-    data = load_task_data("classification", parse_dataset_config(config), seed=0)
-    plain = load_task_data("classification", parse_dataset_config({"source": "digits"}), seed=0)
+    data = load_task_data(parse_dataset_config(config), seed=0)
+    plain = load_task_data(parse_dataset_config({"source": "digits"}), seed=0)
     mean, std = data.batch_steps.mean[0], data.batch_steps.std[0]
 
     def pixels(batch):
@@ -119,4 +119,4 @@ def test_the_plan_counts_only_the_images_every_worker_is_sure_to_get():
 def test_repeated_aug_needs_a_random_augmentation(augment):
     with pytest.raises(UserError, match=rf"dataset.*repeated_aug: 3 repeats augmented images; it needs augment: basic "
                                         rf"or three_augment, got {augment}"):
-        check_dataset("classification", {"source": "digits", "augment": augment, "repeated_aug": 3})
+        check_dataset({"source": "digits", "augment": augment, "repeated_aug": 3})

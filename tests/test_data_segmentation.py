@@ -20,7 +20,7 @@ SHAPES = {"source": "shapes_segmentation", "image_size": 32, "num_train": 48, "n
 
 
 def _load(dataset: dict, seed: int = 0):
-    return load_task_data("segmentation_probe", parse_dataset_config(dataset), seed=seed)
+    return load_task_data(parse_dataset_config(dataset), seed=seed)
 
 
 def _train(data, epoch=0, seed=0, batch_size=8):
@@ -111,7 +111,7 @@ def test_ade20k_offline_fails_within_seconds_naming_the_alternatives(monkeypatch
     monkeypatch.delenv(MIRROR_ENV, raising=False)
     start = time.monotonic()
     with pytest.raises(UserError) as error:
-        check_dataset("segmentation_probe", parse_dataset_config({"source": "ade20k"}))
+        check_dataset(parse_dataset_config({"source": "ade20k"}))
     assert time.monotonic() - start < 5
     message = str(error.value)
     assert "\n" not in message and message.startswith("dataset.source: ade20k")

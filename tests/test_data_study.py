@@ -25,7 +25,7 @@ def test_cifar100_space_streams_from_a_local_parquet_copy_offline(ray_local, tmp
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv(MIRROR_ENV, str(tmp_path))
     space = load_space(SPACE)
-    data = load_task_data(space.task, space.dataset, seed=space.seed)
+    data = load_task_data(space.dataset, seed=space.seed)
     preset = PRESETS[space.fixed["preset"]]
     assert data.model_overrides == {"num_classes": 100, "image_size": preset["image_size"], "in_chans": 3}
     assert (data.num_train, data.num_val) == (64, 24) and data.params["read_from"] == "local copy"

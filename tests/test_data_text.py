@@ -75,7 +75,7 @@ def test_pack_documents_tiles_the_stream_without_padding():
 def test_txt_files_split_by_file_and_packed_in_order(ray_local, txt_corpus):
     cfg = parse_dataset_config({"source": "text_files", "path": str(txt_corpus), "seq_len": 32,
                                 "val_fraction": 0.2, "tokenizer": "byte"})
-    data = load_task_data("language_modeling", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     assert data.model_overrides == {"vocab_size": 257, "context_length": 32}
     val = _stream(data, "val")
     docs = {d.encode("utf-8") for d in _documents(20)}
@@ -100,7 +100,7 @@ def test_val_bpb_counts_the_loss_of_byte_carrying_targets_only(ray_local, txt_co
 
     cfg = parse_dataset_config({"source": "text_files", "path": str(txt_corpus), "seq_len": 32,
                                 "val_fraction": 0.2, "tokenizer": "byte"})
-    data = load_task_data("language_modeling", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     generator = torch.Generator().manual_seed(0)
     sums = torch.zeros(4, dtype=torch.float64)
     nats = all_nats = 0.0
@@ -134,7 +134,7 @@ def test_jsonl_hash_split_is_disjoint_deterministic_and_reshuffled_per_epoch(ray
                 f.write(json.dumps({"text": doc, "meta": part}) + "\n")
     cfg = parse_dataset_config({"source": "text_files", "path": str(tmp_path), "seq_len": 64, "tokenizer": "byte",
                                 "val_fraction": 0.1})
-    data = load_task_data("language_modeling", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     val_docs = set(_decode_bytes(_stream(data, "val"), 256))
     train_docs = set(_decode_bytes(_stream(data, "train"), 256))
     assert not val_docs & train_docs
@@ -164,7 +164,7 @@ def test_parquet_text_with_a_bpe_file_counts_the_bytes_of_each_token(ray_local, 
     cfg = parse_dataset_config({"source": "text_files", "path": str(tmp_path / "corpus.parquet"), "seq_len": 24,
                                 "tokenizer": "gpt2", "tokenizer_file": str(bpe), "text_column": "body",
                                 "val_fraction": 0.2})
-    data = load_task_data("language_modeling", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     eot = len(ranks)
     assert data.model_overrides == {"vocab_size": eot + 1, "context_length": 24}
     tokenizer = gpt2_tokenizer(ranks)
@@ -196,14 +196,14 @@ def test_fineweb_edu_reads_a_local_copy_and_holds_out_the_last_files_first_docum
     os.makedirs(repo / "data" / "CC-MAIN-2024-10")
     monkeypatch.setenv(MIRROR_ENV, str(tmp_path))
     cfg = parse_dataset_config({"source": "fineweb_edu", "tokenizer": "byte", "seq_len": 48, "val_documents": 5})
-    data = load_task_data("language_modeling", cfg, seed=0)
+    data = load_task_data(cfg, seed=0)
     assert data.params["read_from"] == "local copy"
     val_docs = _decode_bytes(_stream(data, "val"), 256)
     assert val_docs[:4] == [d.encode() for d in docs[60:64]]  # the first documents of the last file
     train_docs = set(_decode_bytes(_stream(data, "train"), 256))
     assert not train_docs & {d.encode() for d in docs[60:65]}
     assert len(train_docs) >= 80
-    capped = load_task_data("language_modeling", parse_dataset_config(
+    capped = load_task_data(parse_dataset_config(
         {"source": "fineweb_edu", "tokenizer": "byte", "seq_len": 48, "val_documents": 5,
          "max_train_documents": 10}), seed=0)
     assert len(_decode_bytes(_stream(capped, "train"), 256)) <= 10
@@ -214,9 +214,9 @@ def test_tokenizer_gpt2_offline_without_cache_fails_clearly_and_auto_falls_back(
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError, match="dataset.tokenizer: gpt2 needs GPT-2's BPE files.*tokenizer: byte"):
-        load_task_data("language_modeling", parse_dataset_config(
+        load_task_data(parse_dataset_config(
             {"source": "text_files", "path": str(txt_corpus), "tokenizer": "gpt2"}), seed=0)
-    data = load_task_data("language_modeling", parse_dataset_config(
+    data = load_task_data(parse_dataset_config(
         {"source": "text_files", "path": str(txt_corpus), "tokenizer": "auto"}), seed=0)
     assert data.params["tokenizer"] == "byte" and data.model_overrides["vocab_size"] == 257
 

@@ -70,7 +70,7 @@ def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tm
 
     config = {"source": "digits", "augment": "basic", "repeated_aug": 3, "crop_scale": [1.0, 1.0],
               "crop_ratio": [1.0, 1.0]}
-    task_data = load_task_data("classification", parse_dataset_config(config), seed=5)
+    task_data = load_task_data(parse_dataset_config(config), seed=5)
     plan = plan_run(SimpleNamespace(resources=SimpleNamespace(workers=2),
                                     train=SimpleNamespace(batch_size=32, steps_per_epoch=None)), task_data)
     assert (plan.batch_per_worker, plan.steps_per_epoch) == (16, 3 * (479 // 2) // 16)
@@ -110,7 +110,7 @@ def test_one_train_worker_reads_every_row_without_a_split(ray_local, tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    task_data = load_task_data("classification", parse_dataset_config({"source": "digits"}), seed=5)
+    task_data = load_task_data(parse_dataset_config({"source": "digits"}), seed=5)
     before = set(actors())
     TorchTrainer(
         _worker_loop,

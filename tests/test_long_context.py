@@ -105,7 +105,7 @@ def test_wikitext_from_a_local_copy_packs_validation_windows_per_context(ray_loc
     copy = _wikitext_copy(tmp_path / "wikitext", articles=40)
     dataset = {"source": "wikitext103", "local_dir": str(copy), "tokenizer": "byte", "seq_len": 32,
                "eval_contexts": [256, 32]}
-    data = load_task_data("language_modeling", parse_dataset_config(dataset), seed=0)
+    data = load_task_data(parse_dataset_config(dataset), seed=0)
     assert data.splits == ("train", "val", context_split(32), context_split(256))
     assert data.eval_batch_scale == {context_split(32): 1.0, context_split(256): 32 / 256}
     # All validation articles in one stream per context: as many windows as that stream holds.
@@ -126,7 +126,7 @@ def test_a_context_longer_than_the_validation_split_is_refused(ray_local, tmp_pa
     dataset = {"source": "wikitext103", "local_dir": str(copy), "tokenizer": "byte", "seq_len": 32,
                "eval_contexts": [100_000]}
     with pytest.raises(UserError, match="dataset.eval_contexts: 100000 tokens is longer than the whole validation"):
-        load_task_data("language_modeling", parse_dataset_config(dataset), seed=0)
+        load_task_data(parse_dataset_config(dataset), seed=0)
 
 
 @pytest.mark.parametrize("contexts", [[1], [64, 64]])

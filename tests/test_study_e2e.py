@@ -356,7 +356,7 @@ def _evaluate_checkpoint(study_dir, trial_id: str, config: dict) -> dict:
     hyperparameters = config["hyperparameters"]
     model = models.build_model({k: v for k, v in hyperparameters.items() if k in models.MODEL_KEYS}).eval()
     model.load_state_dict(state["model"])
-    data = load_task_data(config["task"], config["dataset"], seed=config["seed"])
+    data = load_task_data(config["dataset"], seed=config["seed"])
     tokens, features, logits, labels = [], [], [], []
     with torch.no_grad():
         for batch in data.datasets["val"].iter_torch_batches(batch_size=128):

@@ -156,7 +156,7 @@ def test_wmt14_offline_fails_at_once_naming_the_offline_source(monkeypatch, tmp_
     monkeypatch.setenv("LAPSTUDY_DATA_DIR", str(tmp_path))
     started = time.perf_counter()
     with pytest.raises(UserError) as error:
-        check_dataset("translation", {"source": "wmt14"})
+        check_dataset({"source": "wmt14"})
     assert time.perf_counter() - started < 2
     message = str(error.value)
     assert "wmt/wmt14" in message and "toy_translation" in message and "local_dir" in message

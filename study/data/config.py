@@ -11,6 +11,7 @@ so every trial of a study is scored on the same validation rows; the trial seed 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union
 
@@ -145,14 +146,39 @@ class PydocTextConfig(_TextSource):
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="seeded hold-out fraction of the documents")
 
 
-HubName = Literal["cifar10", "cifar100", "imagenet-1k"]
+@dataclass(frozen=True)
+class HubPreset:
+    """A hub image dataset known by a short name: where it lives, its columns, splits and sizes, its statistics."""
+
+    hub_id: str
+    image_column: str
+    label_column: str
+    num_classes: int
+    val_split: str
+    image_size: int
+    num_train: int
+    num_val: int
+    crop_pct: float = 1.0
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+# The catalogue of hub image datasets `source: hf` knows by name (any other is named by its hub id).
+HUB_PRESETS = {
+    "cifar10": HubPreset("uoft-cs/cifar10", "img", "label", 10, "test", 32, 50_000, 10_000,
+                         mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
+    "cifar100": HubPreset("uoft-cs/cifar100", "img", "fine_label", 100, "test", 32, 50_000, 10_000,
+                          mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762)),
+    "imagenet-1k": HubPreset("ILSVRC/imagenet-1k", "image", "label", 1000, "validation", 224, 1_281_167, 50_000,
+                             crop_pct=0.875),
+}
 
 
 class HubImageConfig(_ImageSource):
     """An image-classification dataset on the Hugging Face hub, streamed from its parquet files."""
 
     source: Literal["hf"]
-    name: str = Field(description="cifar10, cifar100, imagenet-1k, or any hub id 'owner/name' (then set the columns)")
+    name: str = Field(description=f"{', '.join(HUB_PRESETS)}, or any hub id 'owner/name' (then set the columns)")
     config_name: str | None = Field(None, description="the hub dataset's configuration (subset) name")
     revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
     local_dir: str | None = Field(
@@ -166,6 +192,21 @@ class HubImageConfig(_ImageSource):
     image_column: str | None = None
     label_column: str | None = None
     num_classes: int | None = Field(None, ge=2)
+
+    @field_validator("name")
+    @classmethod
+    def _known_or_hub_id(cls, name: str) -> str:
+        if name not in HUB_PRESETS and "/" not in name:
+            raise ValueError(f"{name!r} is not one of {', '.join(HUB_PRESETS)} nor a hub id 'owner/name'")
+        return name
+
+    @property
+    def preset(self) -> HubPreset | None:
+        return HUB_PRESETS.get(self.name)
+
+    @property
+    def hub_id(self) -> str:
+        return self.preset.hub_id if self.preset else self.name
 
 
 class ParquetImageConfig(_ImageSource):

@@ -10,43 +10,17 @@ from __future__ import annotations
 import glob
 import json
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import ray
 
 from study.data.build import image_task
-from study.data.config import HubImageConfig, ImageFolderConfig, ParquetImageConfig
+from study.data.config import HubImageConfig, HubPreset, ImageFolderConfig, ParquetImageConfig
 from study.data.hub import resolve_parquet_files
 from study.data.images import encoded_bytes, to_pil
 from study.data.task_data import TaskData
 from study.data.text import doc_hash_fraction
 from study.errors import UserError
-
-
-@dataclass(frozen=True)
-class HubPreset:
-    hub_id: str
-    image_column: str
-    label_column: str
-    num_classes: int
-    val_split: str
-    image_size: int
-    num_train: int
-    num_val: int
-    crop_pct: float = 1.0
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-
-
-HUB_PRESETS = {
-    "cifar10": HubPreset("uoft-cs/cifar10", "img", "label", 10, "test", 32, 50_000, 10_000,
-                         mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
-    "cifar100": HubPreset("uoft-cs/cifar100", "img", "fine_label", 100, "test", 32, 50_000, 10_000,
-                          mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762)),
-    "imagenet-1k": HubPreset("ILSVRC/imagenet-1k", "image", "label", 1000, "validation", 224, 1_281_167, 50_000,
-                             crop_pct=0.875),
-}
 
 
 def _seeded_order(items: list, seed: int) -> list:
@@ -175,10 +149,7 @@ def _parquet_images(cfg, *, seed: int, train_files, val_files, filesystem, image
 
 
 def load_hub_images(cfg: HubImageConfig, seed: int) -> TaskData:
-    preset = HUB_PRESETS.get(cfg.name)
-    if preset is None and "/" not in cfg.name:
-        raise UserError(f"dataset.name: {cfg.name!r} is not one of {', '.join(HUB_PRESETS)} nor a hub id 'owner/name'")
-    hub_id = preset.hub_id if preset else cfg.name
+    preset, hub_id = cfg.preset, cfg.hub_id
     image_column = cfg.image_column or (preset.image_column if preset else "image")
     label_column = cfg.label_column or (preset.label_column if preset else "label")
     hub = resolve_parquet_files(hub_id, config_name=cfg.config_name, revision=cfg.revision, local_dir=cfg.local_dir,
