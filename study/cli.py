@@ -179,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from models.errors import ConfigError  # costs no torch (models/__init__.py imports on first use)
+    from study.mlflow_settings import use_mlflow_client_settings
 
+    use_mlflow_client_settings()
     try:
         return _dispatch(build_parser().parse_args(argv))
     except (UserError, ConfigError) as exc:
@@ -286,7 +288,6 @@ def _ui(study_dir: Path, host: str, port: int) -> int:
     if not 0 < port < 65536:
         raise UserError(f"--port: must be in 1..65535, got {port}")
     print(f"MLflow UI for study {record.name} at http://{host}:{port} (Ctrl-C to stop)", flush=True)
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # MLflow's job runner (GenAI judges and scorers, a process of its own) has nothing to do for a study's runs and
     # delayed the UI's first answer by half.
     os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")

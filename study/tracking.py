@@ -20,34 +20,25 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-# Fail fast instead of MLflow's default of 7 retries with exponential back-off (minutes per call on a dead server).
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-# MLflow prints "View run ... at: <tracking URI>" when a run ends: noise, and a leak of credentials in the URI.
-os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from dataclasses import dataclass, field  # noqa: E402
-
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
-
-from study.bookkeeping import EPOCH, RAY_ONLY  # noqa: E402
-from study.data.hub import probe_url  # noqa: E402
-from study.errors import UserError  # noqa: E402
-from study.folder import local_store  # noqa: E402
-from study.runspec import RunSpec  # noqa: E402
-from study.status import TrialStatus  # noqa: E402
+from study.bookkeeping import EPOCH, RAY_ONLY
+from study.data.hub import probe_url
+from study.errors import UserError
+from study.folder import local_store
+from study.mlflow_settings import use_mlflow_client_settings
+from study.runspec import RunSpec
+from study.status import TrialStatus
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +239,7 @@ class RunLogger:
 
     def __init__(self, target: TrackingTarget, params: dict[str, str], config_yaml: str, *,
                  system_metrics: bool = False):
+        use_mlflow_client_settings()
         self.target, self.params, self.config_yaml = target, params, config_yaml
         self.experiment_id, self.trial_id = target.experiment_id, target.trial_id
         self.run_id: str | None = None

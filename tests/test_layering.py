@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,3 +215,75 @@ def test_the_task_kind_check_lives_where_the_run_spec_is_built():
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Attribute) and node.attr == "data_kind"}
     assert readers == {"study/runspec.py"}
+
+
+def _module_level_environment_changes(path: Path) -> list[int]:
+    """Lines of statements run on import (outside functions and classes) that change os.environ."""
+    changes = []
+
+    def is_environ(node) -> bool:
+        return ast.unparse(node) in ("os.environ", "environ")
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+                continue
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and (
+                    (is_environ(child.func.value) and child.func.attr in ("setdefault", "update", "pop", "clear"))
+                    or ast.unparse(child.func) == "os.putenv"):
+                changes.append(child.lineno)
+            if isinstance(child, ast.Assign | ast.AugAssign | ast.Delete) and any(
+                    isinstance(t, ast.Subscript) and is_environ(t.value)
+                    for t in getattr(child, "targets", None) or [getattr(child, "target", None)]):
+                changes.append(child.lineno)
+            walk(child)
+
+    walk(ast.parse(path.read_text()))
+    return changes
+
+
+def test_no_module_of_study_or_models_changes_the_environment_on_import():
+    modules = [*MODULES.values(), *sorted((REPO / "models").rglob("*.py"))]
+    changes = [f"{path.relative_to(REPO)}:{line}" for path in modules for line in _module_level_environment_changes(path)]
+    assert changes == []
+
+
+def test_the_environment_reader_sees_each_way_of_changing_it(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('import os\nos.environ.setdefault("A", "1")\nos.environ["B"] = "2"\nif True:\n'
+                      '    os.putenv("D", "4")\ndef f():\n    os.environ["C"] = "3"\n')
+    assert _module_level_environment_changes(sample) == [2, 3, 5]
+
+
+def test_importing_tracking_leaves_the_environment_alone_and_a_run_logger_sets_the_client_up():
+    """In a fresh interpreter: `import study.tracking` makes no change to os.environ from the project's own code
+    (each change is put down to the innermost module outside `os`: Ray's and MLflow's own imports set some); the
+    first RunLogger gives the process the MLflow client settings, keeping the one the user set."""
+    script = """
+import json, os, sys
+changes, original = [], os._Environ.__setitem__
+def recording(self, key, value):
+    frame = sys._getframe(1)
+    while frame.f_globals.get("__name__") in ("os", "_collections_abc"):
+        frame = frame.f_back
+    changes.append([key, frame.f_globals.get("__name__")])
+    original(self, key, value)
+os._Environ.__setitem__ = recording
+os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "7"
+changes.clear()
+import study.tracking as tracking
+from study.mlflow_settings import MLFLOW_CLIENT_SETTINGS
+on_import = list(changes)
+tracking.RunLogger(tracking.TrackingTarget("", "0", "t", "t", "s"), {}, "")
+print(json.dumps({"on_import": on_import, "after_logger": {k: os.environ.get(k) for k in MLFLOW_CLIENT_SETTINGS}}))
+"""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=120,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = [(key, module) for key, module in found["on_import"] if module.split(".")[0] in ("study", "models")]
+    assert ours == []
+    from study.mlflow_settings import MLFLOW_CLIENT_SETTINGS
+
+    assert found["after_logger"] == {**MLFLOW_CLIENT_SETTINGS, "MLFLOW_HTTP_REQUEST_TIMEOUT": "7"}

@@ -123,11 +123,6 @@ def pack_documents(docs: list[np.ndarray], eot: int, seq_len: int) -> np.ndarray
     return stream[index]
 
 
-def packed_count(num_tokens: int, seq_len: int) -> int:
-    """Windows `pack_documents` makes from a stream of num_tokens tokens (separators included)."""
-    return max(0, (num_tokens - 1) // seq_len)
-
-
 def _tiktoken_cache_dir() -> str:
     # the same rule as tiktoken.load.read_file_cached
     if "TIKTOKEN_CACHE_DIR" in os.environ:
