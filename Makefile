@@ -26,7 +26,7 @@ endif
 TORCH_INDEX = $(if $(CPU_TORCH),$$($(PYTHON) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], \
 	timeout=10)' $(TORCH_CPU_INDEX) 2>/dev/null && echo --extra-index-url $(TORCH_CPU_INDEX)))
 
-.PHONY: setup test test-fast test-latest quickstart ui bench bench-study lock image clean
+.PHONY: setup test test-fast test-latest quickstart ui bench bench-study docs lock image clean
 
 setup: $(STAMP)
 
@@ -87,6 +87,10 @@ bench: $(STAMP)
 # lapstudy against a plain in-process Optuna loop on the same trials (about 10 minutes).
 bench-study: $(STAMP)
 	$(BIN)/python bench/study_overhead.py
+
+# docs/config.md's key tables, written from the schemas (study/docs.py; tests/test_docs.py fails while they differ).
+docs: $(BASE)
+	$(BIN)/python -m study.docs
 
 # requirements.lock: the tested set pinned, for Python 3.11 on Linux x86_64 with torch's CPU build and every extra
 # (what every set-up above, CI and the cluster image, docker/Dockerfile, install as constraints). Re-run after any edit
