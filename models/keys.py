@@ -17,7 +17,7 @@ class KeyDoc:
 MODEL_KEY_DOCS: dict[str, KeyDoc] = {
     "model": KeyDoc("`vit` | `gpt` | `encdec`", "required", "model family"),
     "preset": KeyDoc("str", "`vit_tiny` / `gpt_tiny` / `encdec_tiny`",
-                 "start from a preset (table below); other keys override it"),
+                 "start from a preset (models/presets.py); other keys override it"),
     "dim": KeyDoc("int", "preset", "residual width"),
     "depth": KeyDoc("int", "preset", "number of blocks"),
     "num_heads": KeyDoc("int", "preset", "attention heads per layer (must divide `dim`)"),

@@ -36,9 +36,9 @@ class TrainConfig(BaseModel):
                              "warm-down schedule (docs/nanochat.md; lr, beta1, beta2, eps are then not used)")
     lr: float = Field(1e-3, gt=0, description="peak learning rate for the global batch")
     weight_decay: float = Field(0.05, ge=0, description="decoupled weight decay on matrices (not norms, biases, embeddings)")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.999, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay (AdamW, LAMB); SGD's momentum")
+    beta2: float = Field(0.999, ge=0, lt=1, description="second-moment decay (AdamW, LAMB)")
+    eps: float = Field(1e-8, gt=0, description="added to the second-moment root (AdamW, LAMB)")
     batch_size: int = Field(64, ge=1, description="global batch size (split evenly over the data-parallel workers)")
     warmup_epochs: float = Field(0.0, ge=0, description="linear warm-up length in epochs (fractions allowed)")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="cosine decay ends at this fraction of the peak lr")
@@ -81,8 +81,8 @@ class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     workers: int = Field(1, ge=1, description="data-parallel Ray Train workers")
-    cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float = Field(0.0, ge=0)
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each worker holds (also its torch threads)")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker holds (fractions share one)")
 
     @property
     def threads(self) -> int:
@@ -144,7 +144,7 @@ class StageSpec(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", description="names its metrics, <name>/<metric>")
     task: str = Field(description="a registered task (study/tasks)")
-    epochs: int = Field(ge=1)
+    epochs: int = Field(ge=1, description="epochs of this stage")
     dataset: DatasetConfig | None = Field(None, description="its data (default: the run's)")
     hyperparameters: dict[str, Any] = Field(default_factory=dict, description="over the run's model and training "
                                                                                "keys: what this stage changes")
@@ -165,13 +165,13 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task: str = Field(description="a registered task (study/tasks): classification, language_modeling")
-    dataset: DatasetConfig
-    epochs: int = Field(ge=1)
-    seed: int = 0
-    hyperparameters: dict[str, Any]
-    geometry: GeometrySpec = GeometrySpec()
-    resources: Resources = Resources()
+    task: str = Field(description=f"a registered task (study/tasks): {', '.join(TASKS)}")
+    dataset: DatasetConfig = Field(description="the run's data (a `dataset:` mapping, below)")
+    epochs: int = Field(ge=1, description="epochs of the run (its first stage)")
+    seed: int = Field(0, description="the run's seed: weights, data order and augmentation")
+    hyperparameters: dict[str, Any] = Field(description="the flat config: model, training and task keys")
+    geometry: GeometrySpec = Field(GeometrySpec(), description="token-geometry settings")
+    resources: Resources = Field(Resources(), description="Ray Train workers and what each holds")
     stages: list[StageSpec] = Field(default_factory=list, description="what the run trains after this, in order")
     evaluate: Evaluations = Field(default_factory=list, description="benchmarks when its first stage ends "
                                                                      "(language models)")

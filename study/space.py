@@ -30,7 +30,7 @@ from study.runspec import (
     check_run_config,
     check_stages,
 )
-from study.tasks import GeometrySpec, registered_task, task_class
+from study.tasks import TASKS, GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
 
 Scalar = Union[bool, int, float, str, None]
@@ -46,7 +46,9 @@ class _Strict(BaseModel):
 
 class Categorical(_Strict):
     type: Literal["categorical"]
-    choices: list[Scalar] = Field(min_length=1)
+    choices: list[Scalar] = Field(
+        min_length=1, description="the values to choose from (numbers, strings, booleans, null)"
+    )
 
     @field_validator("choices")
     @classmethod
@@ -74,10 +76,10 @@ class Categorical(_Strict):
 
 class IntRange(_Strict):
     type: Literal["int"]
-    low: int
-    high: int
-    step: int = Field(1, ge=1)
-    log: bool = False
+    low: int = Field(description="smallest value")
+    high: int = Field(description="largest value (included)")
+    step: int = Field(1, ge=1, description="spacing of the values from low")
+    log: bool = Field(False, description="sample on a log scale")
 
     @model_validator(mode="after")
     def _check(self):
@@ -110,9 +112,9 @@ class IntRange(_Strict):
 
 class FloatRange(_Strict):
     type: Literal["float", "log_float"]
-    low: float
-    high: float
-    step: float | None = Field(None, gt=0)
+    low: float = Field(description="smallest value (log_float: > 0)")
+    high: float = Field(description="largest value")
+    step: float | None = Field(None, gt=0, description="spacing of the values from low (None: continuous)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -154,9 +156,13 @@ def _shorthand_parameters(value):
 class ConditionalGroup(_Strict):
     """Parameters (and fixed values) that exist only when earlier parameters take the listed values."""
 
-    when: dict[str, Scalar | list[Scalar]] = Field(min_length=1)
-    parameters: dict[str, Parameter] = Field(default_factory=dict)
-    fixed: dict[str, Any] = Field(default_factory=dict)
+    when: dict[str, Scalar | list[Scalar]] = Field(
+        min_length=1, description="parameter values (one, or a list of them) under which the group applies"
+    )
+    parameters: dict[str, Parameter] = Field(
+        default_factory=dict, description="parameters sampled only when the group applies"
+    )
+    fixed: dict[str, Any] = Field(default_factory=dict, description="values set only when the group applies")
 
     _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
 
@@ -187,26 +193,32 @@ def _kind_shorthand(value):
 
 class SearchSpace(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study name (default folder and experiment)")
-    description: str = ""
-    task: str = Field(description="a registered task (study/tasks): classification, language_modeling")
-    dataset: DatasetConfig
-    metric: str | list[str]
-    mode: Literal["min", "max"] | list[Literal["min", "max"]]
-    epochs: int = Field(ge=1)
-    seed: int = 0
+    description: str = Field("", description="free text, recorded with the study")
+    task: str = Field(description=f"a registered task (study/tasks): {', '.join(TASKS)}")
+    dataset: DatasetConfig = Field(description="the study's data (a `dataset:` mapping, below)")
+    metric: str | list[str] = Field(description="the metric to optimise, or a list of them (multi-objective)")
+    mode: Literal["min", "max"] | list[Literal["min", "max"]] = Field(description="min or max, one per metric")
+    epochs: int = Field(ge=1, description="epochs of every trial (its first stage)")
+    seed: int = Field(0, description="study seed: the sampler's and the first replicate's")
     num_samples: int | None = Field(None, ge=1, description="configurations to run (default: the grid size for grid, "
                                     "else 10); each runs once per replicate")
     replicates: int = Field(1, ge=1, description="runs of every configuration, at seeds seed, seed + 1, ...")
     seeds: list[int] | None = Field(None, min_length=1, description="the replicates' seeds, instead of replicates")
     baseline: dict[str, Scalar] | None = Field(None, description="the configuration the others are compared with, "
                                                "paired by seed: a value for each of its searched parameters")
-    sampler: Sampler = Sampler()
-    scheduler: Scheduler = Scheduler()
-    geometry: GeometrySpec = GeometrySpec()
-    fixed: dict[str, Any] = Field(default_factory=dict)
-    parameters: dict[str, Parameter] = Field(default_factory=dict)
-    conditional: list[ConditionalGroup] = Field(default_factory=list)
-    points_to_evaluate: list[dict[str, Scalar]] = Field(default_factory=list)
+    sampler: Sampler = Field(Sampler(), description="Optuna sampler")
+    scheduler: Scheduler = Field(Scheduler(), description="early stopping of trials (ASHA) or none")
+    geometry: GeometrySpec = Field(GeometrySpec(), description="token-geometry settings")
+    fixed: dict[str, Any] = Field(default_factory=dict, description="flat-config values every trial uses")
+    parameters: dict[str, Parameter] = Field(
+        default_factory=dict, description="the searched flat-config keys and their ranges"
+    )
+    conditional: list[ConditionalGroup] = Field(
+        default_factory=list, description="parameters and values that apply only under a condition on other parameters"
+    )
+    points_to_evaluate: list[dict[str, Scalar]] = Field(
+        default_factory=list, description="configurations the sampler tries first"
+    )
     stages: list[StageSpec] = Field(default_factory=list, description="what every trial trains after its first "
                                                                       "stage, in order (docs/study.md, stages)")
     evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the first stage ends "

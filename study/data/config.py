@@ -133,7 +133,9 @@ class DigitsConfig(_ImageSource):
     """scikit-learn's 8x8 handwritten digits (1797 images, 10 classes): ships with scikit-learn, works offline."""
 
     source: Literal["digits"]
-    augment: AugmentLevel = "none"
+    augment: AugmentLevel = Field(
+        "none", description="training augmentation (none, basic, three_augment, dino_multicrop)"
+    )
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="stratified seeded hold-out fraction")
 
 
@@ -141,8 +143,8 @@ class PydocTextConfig(_TextSource):
     """The English documentation of CPython's `pydoc_data.topics`, one document per topic: works offline."""
 
     source: Literal["pydoc_text"]
-    seq_len: int = Field(128, ge=2)
-    tokenizer: TokenizerName = "byte"
+    seq_len: int = Field(128, ge=2, description="tokens per training sequence (the model's context_length)")
+    tokenizer: TokenizerName = Field("byte", description="gpt2, byte, or auto (gpt2 if found, else byte)")
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="seeded hold-out fraction of the documents")
 
 
@@ -184,14 +186,14 @@ class HubImageConfig(_ImageSource):
     local_dir: str | None = Field(
         None, description="a local copy of the hub repository (its parquet files): read instead of the hub"
     )
-    train_split: str = "train"
+    train_split: str = Field("train", description="the dataset's training split")
     val_split: str | None = Field(None, description="the dataset's own validation split (None: the preset's)")
     val_fraction: float | None = Field(
         None, gt=0.0, lt=1.0, description="hold out this seeded fraction of train_split instead of using val_split"
     )
-    image_column: str | None = None
-    label_column: str | None = None
-    num_classes: int | None = Field(None, ge=2)
+    image_column: str | None = Field(None, description="column of encoded images (None: the preset's, else image)")
+    label_column: str | None = Field(None, description="column of integer labels (None: the preset's, else label)")
+    num_classes: int | None = Field(None, ge=2, description="None: the preset's, else 1 + the largest label")
 
     @field_validator("name")
     @classmethod
@@ -216,8 +218,8 @@ class ParquetImageConfig(_ImageSource):
     path: str = Field(description="a parquet file, a folder of shards, or a glob")
     val_path: str | None = Field(None, description="parquet of the validation split (else a seeded hold-out)")
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="hold-out fraction when val_path is not set")
-    image_column: str = "image"
-    label_column: str = "label"
+    image_column: str = Field("image", description="column of encoded images")
+    label_column: str = Field("label", description="column of integer labels")
     num_classes: int | None = Field(None, ge=2, description="None: 1 + the largest label in the data")
     in_chans: Literal[1, 3] | None = Field(None, description="None: from the first image (L -> 1, else 3)")
 
@@ -226,28 +228,30 @@ class ImageFolderConfig(_ImageSource):
     """A folder of class sub-folders, `root/<class>/<image file>`; classes are the sorted sub-folder names."""
 
     source: Literal["image_folder"]
-    path: str
+    path: str = Field(description="the folder of class sub-folders")
     val_path: str | None = Field(None, description="a folder with the same class sub-folders (else a seeded hold-out)")
-    val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
-    extensions: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-    in_chans: Literal[1, 3] | None = None
+    val_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="hold-out fraction when val_path is not set")
+    extensions: tuple[str, ...] = Field(
+        (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"), description="file endings read as images"
+    )
+    in_chans: Literal[1, 3] | None = Field(None, description="None: from the first image (L -> 1, else 3)")
 
 
 class _HubTextSource(_TextSource):
     """Text streamed from a hub repository's parquet files, or from a local copy of it."""
 
-    hub_id: str
-    revision: str | None = None
+    hub_id: str = Field(description="the hub repository (owner/name)")
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
     local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
-    tokenizer: TokenizerName = "gpt2"
-    text_column: str = "text"
+    tokenizer: TokenizerName = Field("gpt2", description="gpt2, byte, or auto (gpt2 if found, else byte)")
+    text_column: str = Field("text", description="column of the documents' text")
 
 
 class FineWebEduConfig(_HubTextSource):
     """FineWeb-Edu streamed from the hub's parquet files of one named sample."""
 
     source: Literal["fineweb_edu"]
-    hub_id: str = "HuggingFaceFW/fineweb-edu"
+    hub_id: str = Field("HuggingFaceFW/fineweb-edu", description="the hub repository (owner/name)")
     sample: str = Field("sample-10BT", description="the hub configuration: sample-10BT, sample-100BT, sample-350BT, default")
     val_documents: int = Field(
         10_000, ge=1, description="validation documents, taken from the sample's last parquet file (never trained on)"
@@ -260,9 +264,9 @@ class WikiText103Config(_HubTextSource):
     to the next) are the documents, trained on and evaluated as the benchmark's splits give them."""
 
     source: Literal["wikitext103"]
-    hub_id: str = "Salesforce/wikitext"
+    hub_id: str = Field("Salesforce/wikitext", description="the hub repository (owner/name)")
     config_name: str = Field("wikitext-103-raw-v1", description="the hub configuration (raw: untokenised text)")
-    val_split: Literal["validation", "test"] = "validation"
+    val_split: Literal["validation", "test"] = Field("validation", description="the split evaluated on")
 
 
 class PG19Config(_HubTextSource):
@@ -271,7 +275,7 @@ class PG19Config(_HubTextSource):
     source: Literal["pg19"]
     hub_id: str = Field("emozilla/pg19", description="a parquet copy of deepmind/pg19 (whose own repository is a "
                                                      "loading script, which cannot be streamed)")
-    val_split: Literal["validation", "test"] = "validation"
+    val_split: Literal["validation", "test"] = Field("validation", description="the split evaluated on")
     max_train_documents: int | None = Field(None, ge=1, description="cap on training books (None: all 28,602)")
 
 
@@ -280,9 +284,11 @@ class TextFilesConfig(_TextSource):
 
     source: Literal["text_files"]
     path: str = Field(description="a file, a folder, or a glob of .txt / .jsonl / .parquet files")
-    val_path: str | None = None
+    val_path: str | None = Field(
+        None, description="text files of the validation split (else a seeded hold-out of documents)"
+    )
     val_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="seeded hold-out fraction of the documents")
-    text_column: str = "text"
+    text_column: str = Field("text", description="column of the text (parquet and JSONL files)")
 
 
 class _SegmentationSource(_Source):
@@ -314,7 +320,7 @@ class ADE20KConfig(_SegmentationSource):
     # The benchmark's own hub repository (MIT CSAIL's SceneParse150). Its main branch holds a loading script, which
     # `datasets` no longer runs; the hub's parquet converter keeps its parquet files on refs/convert/parquet, one
     # folder per configuration and split: scene_parsing/{train,validation,test}/NNNN.parquet.
-    hub_id: str = "zhoubolei/scene_parse_150"
+    hub_id: str = Field("zhoubolei/scene_parse_150", description="the hub repository (owner/name)")
     revision: str | None = Field("refs/convert/parquet", description="hub revision (branch, tag or commit)")
     split_files: str = Field(
         "scene_parsing/{split}/*.parquet", description="glob of a split's parquet files in the repository, {split} "
@@ -323,8 +329,8 @@ class ADE20KConfig(_SegmentationSource):
     local_dir: str | None = Field(
         None, description="a local copy of the hub repository (its parquet files): read instead of the hub"
     )
-    train_split: str = "train"
-    val_split: str = "validation"
+    train_split: str = Field("train", description="the dataset's training split")
+    val_split: str = Field("validation", description="the split evaluated on")
     image_column: str = Field("image", description="encoded images (the hub's {bytes, path} struct, or bytes)")
     mask_column: str = Field("annotation", description="encoded single-channel masks, one class index per pixel")
     num_classes: int = Field(150, ge=2, description="classes after reduce_zero_label")
@@ -349,8 +355,8 @@ class ShapesSegmentationConfig(_SegmentationSource):
 
     source: Literal["shapes_segmentation"]
     image_size: int = Field(64, ge=8, description="side of the generated square images (and of the model input)")
-    num_train: int = Field(2000, ge=1)
-    num_val: int = Field(500, ge=1)
+    num_train: int = Field(2000, ge=1, description="training images generated")
+    num_val: int = Field(500, ge=1, description="validation images generated")
     shapes_per_image: tuple[int, int] = Field((1, 4), description="[fewest, most] shapes drawn in an image")
     palette: Literal["random", "by_class"] = Field(
         "random", description="random: any colour for any shape; by_class: red discs, green squares, blue triangles "
@@ -386,8 +392,8 @@ class ToyTranslationConfig(_TranslationSource):
 
     source: Literal["toy_translation"]
     vocab_size: int = Field(640, ge=300, description="about one token per word of the toy pair")
-    max_tokens: int = Field(128, ge=4)
-    num_train: int = Field(4000, ge=1)
+    max_tokens: int = Field(128, ge=4, description="longest sentence, in tokens")
+    num_train: int = Field(4000, ge=1, description="training pairs generated")
     num_val: int = Field(200, ge=1, description="validation pairs (sources also in the training pairs are redrawn)")
     max_modifiers: int = Field(4, ge=0, description="prepositional phrases between subject and verb, at most")
     max_adjectives: int = Field(2, ge=0, description="adjectives per noun phrase, at most")
@@ -398,12 +404,12 @@ class WMT14Config(_TranslationSource):
     repository; `translation` holds {source_lang: ..., target_lang: ...} per row."""
 
     source: Literal["wmt14"]
-    hub_id: str = "wmt/wmt14"
+    hub_id: str = Field("wmt/wmt14", description="the hub repository (owner/name)")
     config_name: str = Field("de-en", description="the hub configuration (language pair)")
-    revision: str | None = None
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
     local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
-    source_lang: str = "en"
-    target_lang: str = "de"
+    source_lang: str = Field("en", description="language translated from")
+    target_lang: str = Field("de", description="language translated into")
     vocab_size: int = Field(37000, ge=300, description="Transformer-base's shared English-German BPE: 37 000")
     val_split: str = Field("validation", description="validation (newstest2013, chosen on) or test (newstest2014, "
                                                      "the paper's table)")
@@ -430,7 +436,8 @@ class ChatPart(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Literal["smoltalk", "mmlu_auxiliary_train", "mmlu", "gsm8k", "arc_easy", "arc_challenge", "jsonl",
-                  "spelling_bee", "simple_spelling"]
+                  "spelling_bee", "simple_spelling"] = Field(
+        description="a hub dataset nanochat trains on, jsonl (a local file: `path`), or a spelling task")
     split: str | None = Field(None, description="hub split (None: the part's training split); spelling parts: train "
                                                 "or test")
     path: str | None = Field(None, description="jsonl: a file of conversations, one per line: a list of "
@@ -441,7 +448,7 @@ class ChatPart(BaseModel):
                                               "is missing (nanochat's identity conversations, its word list)")
     size: int | None = Field(None, ge=1, description="spelling parts: rows generated (nanochat's size=)")
     local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
-    revision: str | None = None
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
     stop: int | None = Field(None, ge=1, description="only the first rows (chat_sft: SmolTalk stop=10_000)")
     repeat: int = Field(1, ge=1, description="times the part enters the mixture (nanochat lists a part twice)")
 
@@ -483,7 +490,9 @@ class ChatConfig(_TextSource):
     train: list[ChatPart] = Field(min_length=1, description="the training mixture")
     val: list[ChatPart] = Field(min_length=1, description="the validation mixture")
     loss_on: Literal["assistant", "all"] = Field("assistant", description="assistant: SFT's mask; all: mid-training")
-    chat_tokens: Literal[True] = True
+    chat_tokens: Literal[True] = Field(
+        True, description="always true: the vocabulary holds nanochat's chat special tokens"
+    )
 
     def relative_to(self, base: Path):
         def part(p: ChatPart) -> ChatPart:
