@@ -3,12 +3,9 @@
 Torch only: nothing here imports Ray, MLflow or the study system.
 """
 
-from models.base import ModelOutput, count_parameters
-from models.build import build_config, build_model, model_keys, resolve_config
-from models.errors import ConfigError
-from models.presets import PRESETS
+from importlib import import_module
 
-MODEL_KEYS = model_keys()
+from models.errors import ConfigError
 
 __all__ = [
     "MODEL_KEYS",
@@ -20,3 +17,17 @@ __all__ = [
     "count_parameters",
     "resolve_config",
 ]
+_HOMES = {"ModelOutput": "models.base", "count_parameters": "models.base", "build_config": "models.build",
+          "build_model": "models.build", "model_keys": "models.build", "resolve_config": "models.build",
+          "PRESETS": "models.presets"}
+
+
+def __getattr__(name: str):
+    # Imported on first use: `from models.errors import ConfigError` (what the command line catches) then costs no
+    # torch, and `lapstudy --help` answers at once.
+    if name == "MODEL_KEYS":
+        globals()[name] = import_module("models.build").model_keys()
+        return globals()[name]
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

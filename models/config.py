@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from models.checks import check_bool, check_int, check_number
 from models.errors import ConfigError
-from models.mixers import MIXERS
+from models.mixers import MIXERS, check_laplacian_heads
 from models.schedule import laplacian_schedule
 
 
@@ -42,6 +42,8 @@ class TransformerConfig:
         check_bool("qkv_bias", self.qkv_bias)
         self.laplacian_counts = self._laplacian_counts()
         self.mixer_kinds = self._resolve_mixers()
+        for key, kinds, counts in self._layer_heads():
+            check_laplacian_heads(key, kinds, counts)
         self._validate_mixer_options()
 
     # Hooks a config with more than one stack of layers (models/encdec.py) overrides.
@@ -52,6 +54,10 @@ class TransformerConfig:
     def _all_mixer_kinds(self) -> list[str]:
         """The mixer of every layer of the model, whichever stack it is in."""
         return self.mixer_kinds
+
+    def _layer_heads(self) -> list[tuple[str, list[str], list[int]]]:
+        """(config key of the mixers, mixer of each layer, Laplacian heads of each layer's self-mixer) per stack."""
+        return [("mixer", self.mixer_kinds, self.laplacian_counts)]
 
     def schedule_spec(self) -> dict:
         names = ("schedule", "k", "start_layer", "increment", "max_count", "k_per_layer")

@@ -99,6 +99,10 @@ class EncDecConfig(TransformerConfig):
     def _all_mixer_kinds(self) -> list[str]:
         return self.mixer_kinds + self.decoder_mixer_kinds
 
+    def _layer_heads(self) -> list[tuple[str, list[str], list[int]]]:
+        decoder = [count * ("decoder" in self.sites) for count in self.laplacian_counts_decoder]
+        return [*super()._layer_heads(), ("decoder_mixer", self.decoder_mixer_kinds, decoder)]
+
     @property
     def source_vocab_size(self) -> int:
         return self.src_vocab_size or self.vocab_size

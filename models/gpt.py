@@ -29,7 +29,7 @@ from models.checks import check_bool, check_choice, check_int, check_number
 from models.config import TransformerConfig
 from models.errors import ConfigError
 from models.layers import make_norm
-from models.rope import RotaryEmbedding
+from models.rope import RotaryEmbedding, check_head_dim
 
 BLOCK_STYLES = ("gpt2", "nanochat")
 NANOCHAT_SOFTCAP = 15.0  # nanochat/gpt.py: logits = softcap * tanh(logits / softcap), softcap = 15
@@ -54,6 +54,7 @@ class GPTConfig(TransformerConfig):
         check_number("rope_base", self.rope_base, low=1.0, low_open=True)
         check_choice("block_style", self.block_style, BLOCK_STYLES)
         super().__post_init__()
+        check_head_dim("num_heads", self.dim // self.num_heads)  # the GPT's queries and keys are rotated
         if self.num_kv_heads is not None:
             check_int("num_kv_heads", self.num_kv_heads, low=1, high=self.num_heads)
             if self.num_heads % self.num_kv_heads:

@@ -40,6 +40,8 @@ class MixerSpec:
     build: Callable[[LayerContext, Mapping], nn.Module]
     keys: frozenset[str] = field(default_factory=frozenset)
     validate: Callable[[Mapping], None] | None = None
+    # Whether its layers have attention heads, which the Laplacian-head schedule may make Laplacian.
+    has_heads: bool = True
 
 
 def _attention(ctx: LayerContext, options: Mapping) -> nn.Module:
@@ -58,17 +60,23 @@ def _attention(ctx: LayerContext, options: Mapping) -> nn.Module:
 
 
 def _stlt(ctx: LayerContext, options: Mapping) -> nn.Module:
-    if ctx.laplacian_heads:
-        raise ConfigError("mixer", f"layer {ctx.layer} is 'stlt' (no heads) but the Laplacian-head schedule gives it "
-                                   f"{ctx.laplacian_heads}; STLT layers must get 0 (schedule: explicit)")
     return STLTMixer.from_config(stlt_config(options), ctx.dim, causal=ctx.causal, seq_len=ctx.seq_len,
                                  bias=ctx.proj_bias)
 
 
 MIXERS: dict[str, MixerSpec] = {
     "attention": MixerSpec(build=_attention),
-    "stlt": MixerSpec(build=_stlt, keys=STLT_KEYS, validate=validate_stlt_options),
+    "stlt": MixerSpec(build=_stlt, keys=STLT_KEYS, validate=validate_stlt_options, has_heads=False),
 }
+
+
+def check_laplacian_heads(key: str, kinds: list[str], counts: list[int]) -> None:
+    """The Laplacian-head count of each layer (`counts`) fits its mixer (`kinds`, from config key `key`): a mixer
+    without heads gets none. Checked with the config, so a configuration no model can build fails before training."""
+    for layer, (kind, count) in enumerate(zip(kinds, counts)):
+        if count and not MIXERS[kind].has_heads:
+            raise ConfigError(key, f"layer {layer} is {kind!r} (no heads) but the Laplacian-head schedule gives it "
+                                   f"{count}; {kind} layers must get 0 (schedule: explicit)")
 
 
 def mixer_keys() -> frozenset[str]:

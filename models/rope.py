@@ -5,6 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.errors import ConfigError
+
+
+def check_head_dim(key: str, head_dim: int) -> None:
+    """RoPE turns channels in pairs: a ConfigError naming config key `key` for an odd head dimension."""
+    if head_dim % 2:
+        raise ConfigError(key, f"RoPE needs an even head dimension (dim / num_heads), got {head_dim}")
+
 
 class RotaryEmbedding(nn.Module):
     """Rotates pairs of channels (i, i + d/2) of each head by position-dependent angles.
@@ -16,8 +24,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, clockwise: bool = False):
         super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+        check_head_dim("head_dim", head_dim)
         self.head_dim, self.base, self.clockwise = head_dim, base, clockwise
         cos, sin = self._table(0, max_len)
         self.register_buffer("cos", cos, persistent=False)

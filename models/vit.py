@@ -1,8 +1,8 @@
 """A DeiT-III-style Vision Transformer with Laplacian heads.
 
 Patch embedding, a class token, learned position embeddings (on the patches; the class token carries none, as in
-DeiT-III), pre-norm blocks with LayerScale and stochastic depth, a final norm and a linear classifier reading the
-class token (or the mean of the patch tokens with ``pool="mean"``).
+DeiT-III, or one too with ``class_pos_embed``, as in DINO), pre-norm blocks with LayerScale and stochastic depth, a
+final norm and a linear classifier reading the class token (or the mean of the patch tokens with ``pool="mean"``).
 
 The defaults are DeiT III's (facebookresearch/deit, models_v2.py): LayerNorm eps 1e-6 in every norm (:325), LayerScale
 initialised to 1e-4 on both branches (:182, :77-78), and the same stochastic-depth rate in every block (:200).
@@ -32,7 +32,8 @@ class ViTConfig(TransformerConfig):
     layer_scale_init: float = 1e-4
     norm_eps: float = 1e-6  # every LayerNorm (DeiT III); PyTorch's default is 1e-5
     drop_path_schedule: str = "uniform"  # "uniform": drop_path in every block (DeiT III); "linear": 0 -> drop_path
-    # A learned position embedding for the class token too (DINO's and timm's ViT: pos_embed over 1 + P tokens);
+    # A learned position embedding for the class token too, stored as DINO's and timm's ViT store it: one pos_embed
+    # over 1 + P tokens, the class token's first (one tensor to DINO's per-parameter gradient clipping, as there).
     # DeiT III adds position embeddings to the patches only.
     class_pos_embed: bool = False
 
@@ -61,8 +62,7 @@ class ViT(MixerModel):
         self.config = c = config
         self.patch_embed = nn.Conv2d(c.in_chans, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_patches, c.dim))
-        self.cls_pos_embed = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.class_pos_embed else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, int(c.class_pos_embed) + c.num_patches, c.dim))
         self._build_blocks(c, causal=False, seq_len=c.num_patches + 1, proj_bias=True, rope=None,
                            drop_path_schedule=c.drop_path_schedule, layer_scale_init=c.layer_scale_init,
                            norm_eps=c.norm_eps)
@@ -71,15 +71,13 @@ class ViT(MixerModel):
         self.apply(_init_weights)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        if self.cls_pos_embed is not None:
-            nn.init.trunc_normal_(self.cls_pos_embed, std=0.02)  # DINO: trunc_normal_(pos_embed) over all tokens
 
     def forward(self, images: torch.Tensor, return_features: bool = False):
         """images (B, C, H, W) -> logits (B, num_classes), or ModelOutput with the last-layer tokens (B, 1 + P, d)
         after the final norm and the feature (B, d) the classifier reads."""
         x = self.patch_embed(images)  # (B, d, H / patch, W / patch)
         x = x.flatten(2).transpose(1, 2) + self.position_embedding(*x.shape[-2:])  # (B, P, d)
-        cls = self.cls_token if self.cls_pos_embed is None else self.cls_token + self.cls_pos_embed
+        cls = self.cls_token + self.pos_embed[:, :1] if self.config.class_pos_embed else self.cls_token
         x = torch.cat((cls.expand(x.shape[0], -1, -1), x), dim=1)
         for block in self.blocks:
             x = block(x)
@@ -92,13 +90,14 @@ class ViT(MixerModel):
         """Position embeddings (1, grid_h * grid_w, d) of a grid_h x grid_w patch grid: the learned ones at the
         configured image size, else those resized bicubically as DINO does for its 96-pixel local crops
         (facebookresearch/dino vision_transformer.py:174-194): torch's bicubic interpolation with a scale factor of
-        (grid + 0.1) / side, the 0.1 keeping floor(side * scale) from falling one short (:184-186). DINO's class-token
-        embedding (`class_pos_embed`) is kept as it is, as DINO keeps it."""
+        (grid + 0.1) / side, the 0.1 keeping floor(side * scale) from falling one short (:184-186). The class token's
+        embedding (`class_pos_embed`, pos_embed's first row) is not part of it and kept as it is, as DINO keeps it."""
         side = self.config.image_size // self.config.patch_size
+        patches = self.pos_embed[:, 1:] if self.config.class_pos_embed else self.pos_embed  # (1, side * side, d)
         if (grid_h, grid_w) == (side, side):
-            return self.pos_embed
-        dim = self.pos_embed.shape[-1]
-        grid = self.pos_embed.reshape(1, side, side, dim).permute(0, 3, 1, 2)  # (1, d, side, side)
+            return patches
+        dim = patches.shape[-1]
+        grid = patches.reshape(1, side, side, dim).permute(0, 3, 1, 2)  # (1, d, side, side)
         resized = nn.functional.interpolate(
             grid, scale_factor=((grid_h + 0.1) / side, (grid_w + 0.1) / side), mode="bicubic"
         )  # (1, d, grid_h, grid_w)
@@ -117,7 +116,7 @@ class ViT(MixerModel):
         return self.head.bias
 
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token", "cls_pos_embed"}
+        return {"pos_embed", "cls_token"}  # DeiT III's models_v2.py:229-231
 
 
 def _init_weights(module: nn.Module) -> None:

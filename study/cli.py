@@ -1,16 +1,19 @@
 """The `lapstudy` command line: run, status, report, export, train, eval, sync, ui.
 
-Paths are resolved once, here: relative to the working folder, `~` expanded, trailing slashes ignored. User
-mistakes (a bad space, config or flag, an unreachable cluster or tracking server) print one line on stderr that
-names the field and what it allows, and exit with code 2 before anything is started or written.
+Paths are resolved once, here: relative to the working folder, `~` expanded, trailing slashes ignored (a URI in
+object storage must name its bucket). User mistakes (a bad space, config or flag, an unreachable cluster, bucket or
+tracking server) print one line on stderr that names the field and what it allows, and exit with code 2 before
+anything is started or written.
 
-Each command imports what it needs when it runs: `--help` and a mistaken command line answer at once, without
-loading torch, Ray and MLflow.
+Each command imports what it needs when it runs: `--help`, `--version` and a mistaken command line answer at once,
+without loading torch, Ray and MLflow; `run` and `train` check the space or run config (study/precheck.py: torch
+for the model's rules, nothing heavier) before they load Ray, MLflow, Optuna and matplotlib.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -37,15 +40,30 @@ def user_path(text: str) -> Path:
     return Path(os.path.expanduser(text)).resolve()
 
 
-def user_location(text: str) -> str:
-    """A local folder (as `user_path`) or a URI in object storage (s3://BUCKET/PREFIX, gs://...), kept as given."""
-    from study.storage import is_remote
+def user_location(argument: str):
+    """The argparse type of a location given as `argument`: a local folder (as `user_path`) or a URI in object
+    storage (s3://BUCKET/PREFIX, gs://...), kept as given; one that names no bucket is a UserError."""
+    from study.storage import check_location, is_remote
 
-    return text.rstrip("/") if is_remote(text) else str(user_path(text))
+    def location(text: str) -> str:
+        text = check_location(text, argument)
+        return text if is_remote(text) else str(user_path(text))
+
+    return location
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lapstudy")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lapstudy", description="Ray Tune + Optuna studies of Laplacian-head and STLT Transformers.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run (or --resume) a study of a search space",
@@ -54,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("space", type=user_path, metavar="SPACE.yaml",
                      help="the search space (see search_spaces/ and docs/study.md)")
     run.add_argument("--name", help="study name (default: the space's name); names the folder and the experiment")
-    run.add_argument("--storage", type=user_location, default="studies", metavar="DIR_OR_URI",
+    run.add_argument("--storage", type=user_location("--storage"), default="studies", metavar="DIR_OR_URI",
                      help="parent folder of the study folder (default: ./studies); on a cluster, object storage "
                           "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX; needs --tracking-uri) or a filesystem every node "
                           "mounts")
@@ -74,33 +92,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-resource", action="append", default=[], metavar="NAME=AMOUNT",
                      help="a custom Ray resource each Train worker asks for, to place workers on a kind of node "
                           "(repeatable; e.g. spot=1 when cluster.yaml gives spot nodes that resource)")
+    run.add_argument("--allow-code-execution", action="store_true",
+                     help="let the space's HumanEval benchmark run model-generated code (each sample in a limited "
+                          "subprocess, docs/evals.md); a space that asks for HumanEval is refused without it")
 
     sync = commands.add_parser("sync", help="send MLflow what Ray recorded while the tracking server was away",
                                description="Bring a study's MLflow runs up to date with Ray's records (the source "
                                            "of truth): missing epochs, runs never created, final statuses.")
-    sync.add_argument("study_dir", type=user_location, metavar="STUDY_DIR")
+    sync.add_argument("study_dir", type=user_location("STUDY_DIR"), metavar="STUDY_DIR")
     sync.add_argument("--tracking-uri", metavar="URI", help="the study's tracking server, with credentials if it "
                       "needs them (default: the one in study.json)")
 
     status = commands.add_parser("status", help="the trials of a study as a table")
-    status.add_argument("study_dir", type=user_location, metavar="STUDY_DIR",
+    status.add_argument("study_dir", type=user_location("STUDY_DIR"), metavar="STUDY_DIR",
                         help="the study folder, or its URI in object storage")
+    status.add_argument("--json", action="store_true", help="print the study and its trials as one JSON document")
 
     report = commands.add_parser("report", help="write the study's report (HTML with its figures) and log it to MLflow",
                                  description="The study's report: the best configurations with their replicates' "
                                              "mean and spread, differences to the baseline, the metric against the "
                                              "geometry, figures. Written to STUDY_DIR/report/report.html.")
-    report.add_argument("study_dir", type=user_location, metavar="STUDY_DIR")
+    report.add_argument("study_dir", type=user_location("STUDY_DIR"), metavar="STUDY_DIR")
 
     export = commands.add_parser("export", help="write the best trials (or the Pareto set) as run configs")
-    export.add_argument("study_dir", type=user_location, metavar="STUDY_DIR")
+    export.add_argument("study_dir", type=user_location("STUDY_DIR"), metavar="STUDY_DIR")
     export.add_argument("--top", type=int, default=1, metavar="K", help="how many of the best trials (default 1)")
     export.add_argument("--out", type=user_path, metavar="DIR", help="output folder (default: STUDY_DIR/exported; "
                         "./exported/NAME for a study in object storage)")
+    export.add_argument("--json", action="store_true", help="print what was written as one JSON document (each "
+                        "file with its rank, trial and values) instead of one path a line")
 
     train = commands.add_parser("train", help="one run of a run config through the same Ray Train loop")
     train.add_argument("config", type=user_path, metavar="CONFIG.yaml")
-    train.add_argument("--storage", type=user_location, default="studies/train", metavar="DIR_OR_URI",
+    train.add_argument("--storage", type=user_location("--storage"), default="studies/train", metavar="DIR_OR_URI",
                        help="folder for the run and its MLflow store (default: ./studies/train), or object storage "
                             "(s3://BUCKET/PREFIX, gs://...; needs --tracking-uri)")
     train.add_argument("--tracking-uri", metavar="URI", default=os.environ.get(TRACKING_URI_VARIABLE) or None,
@@ -110,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--workers", type=int, help="override the config's workers (exact reproduction needs the same)")
     train.add_argument("--cpus-per-worker", type=float)
     train.add_argument("--gpus-per-worker", type=float)
+    train.add_argument("--allow-code-execution", action="store_true",
+                       help="let the config's HumanEval benchmark run model-generated code (each sample in a limited "
+                            "subprocess); a config that asks for HumanEval is refused without it")
 
     evaluate = commands.add_parser(
         "eval", help="benchmark a trained language model (lm-evaluation-harness tasks, HumanEval)",
@@ -151,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models import ConfigError
+    from models.errors import ConfigError  # costs no torch (models/__init__.py imports on first use)
 
     try:
         return _dispatch(build_parser().parse_args(argv))
@@ -165,12 +192,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     if args.command == "run":
-        from study.driver import RunOptions, run_study
-
+        from study.precheck import RunOptions, check_study
         from study.runspec import Resources
 
         _check_worker_flags(args.workers_per_trial, args.cpus_per_worker, args.gpus_per_worker, "--workers-per-trial")
-        return run_study(RunOptions(
+        options = RunOptions(
             space=args.space, storage=args.storage, name=args.name,
             num_samples=_at_least(1, args.num_samples, "--num-samples"),
             max_concurrent=_at_least(1, args.max_concurrent, "--max-concurrent"),
@@ -179,23 +205,35 @@ def _dispatch(args) -> int:
             address=args.address, tracking_uri=args.tracking_uri, seed=args.seed, resume=args.resume,
             max_failures=_at_least(0, args.max_failures, "--max-failures"),
             worker_resources=_worker_resources(args.worker_resource),
-        ))
+            allow_code_execution=args.allow_code_execution,
+        )
+        space, name = check_study(options)  # before Ray, MLflow, Optuna and matplotlib are imported
+
+        from study.driver import run_study
+
+        return run_study(options, space, name)
     if args.command == "train":
-        from study.train import train_once
+        from study.precheck import check_run
 
         _check_worker_flags(args.workers, args.cpus_per_worker, args.gpus_per_worker, "--workers")
         given = {"workers": args.workers, "cpus_per_worker": args.cpus_per_worker,
                  "gpus_per_worker": args.gpus_per_worker}
-        return train_once(args.config, storage=args.storage, tracking_uri=args.tracking_uri, address=args.address,
-                          resources={k: v for k, v in given.items() if v is not None})
+        spec = check_run(args.config, args.storage, {k: v for k, v in given.items() if v is not None},
+                         allow_code_execution=args.allow_code_execution)
+
+        from study.train import train_once
+
+        return train_once(args.config, spec, storage=args.storage, tracking_uri=args.tracking_uri,
+                          address=args.address, allow_code_execution=args.allow_code_execution)
     if args.command == "sync":
         from study.sync import sync_study
 
         return sync_study(_read_study(args.study_dir), args.tracking_uri)
     if args.command == "status":
-        from study.results import status
+        from study.results import status, status_document
 
-        print(status(_read_study(args.study_dir)))
+        folder = _read_study(args.study_dir)
+        print(json.dumps(status_document(folder), indent=2) if args.json else status(folder))
         return 0
     if args.command == "report":
         from study.report import REPORT_DIR, write_report
@@ -207,10 +245,20 @@ def _dispatch(args) -> int:
     if args.command == "export":
         from study.export import export
 
+        top = _at_least(1, args.top, "--top")
         folder = _read_study(args.study_dir)
         out = args.out or (Path.cwd() / "exported" / folder.name if folder.remote else None)
-        for path in export(folder, _at_least(1, args.top, "--top"), out):
-            print(path)
+        written = export(folder, top, out)
+        if args.json:
+            from study.results import json_number
+
+            print(json.dumps({"study": folder.location, "exported": [
+                {"path": str(path), "rank": provenance["rank"], "trial_id": provenance["trial_id"],
+                 "value": {m: json_number(v) for m, v in provenance["value"].items()}}
+                for path, provenance in written]}, indent=2))
+        else:
+            for path, _ in written:
+                print(path)
         return 0
     if args.command == "eval":
         from study.evals.cli import run_eval
@@ -229,8 +277,7 @@ def _read_study(location: str):
 
 
 def _ui(study_dir: Path, host: str, port: int) -> int:
-    from study.folder import StudyFolder
-    from study.tracking import local_store
+    from study.folder import StudyFolder, local_store
 
     record = StudyFolder(study_dir).record()
     tracking_uri, _ = local_store(study_dir)
@@ -240,6 +287,9 @@ def _ui(study_dir: Path, host: str, port: int) -> int:
         raise UserError(f"--port: must be in 1..65535, got {port}")
     print(f"MLflow UI for study {record.name} at http://{host}:{port} (Ctrl-C to stop)", flush=True)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # MLflow's job runner (GenAI judges and scorers, a process of its own) has nothing to do for a study's runs and
+    # delayed the UI's first answer by half.
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri, "--host", host,
                "--port", str(port), "--workers", "1"]
     os.execv(sys.executable, command)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from dataclasses import dataclass, field
+import sys
+from collections import Counter
 from datetime import datetime, timezone
-from pathlib import Path
 
 import ray
 from ray import tune
@@ -24,12 +23,13 @@ from study.results import load_records, summary
 from study.runspec import Resources, complete_hyperparameters
 from study.search import JOURNAL_FILE, make_scheduler, make_searcher
 from study.session import DRIVER_FILE, previous_driver, record_driver
-from study.space import SearchSpace, load_space
+from study.precheck import RunOptions
+from study.space import SearchSpace
 from study.sync import sync_runs
 from study.provenance import provenance
 from study.report import REPORT_DIR, write_report
 from study.status import TrialStatus
-from study.storage import check_reachable, join
+from study.storage import join
 from study.tracking import close_run, local_store, open_experiment, open_study_run, redact, without_credentials
 from study.trainer import plan_run
 from study.trial import StudyContext, trial_driver, trial_name
@@ -43,32 +43,10 @@ EXPERIMENT_STATE_EVERY_S = 2
 TRIAL_RETRIES = 1
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """`lapstudy run`'s command line, paths resolved."""
-
-    space: Path
-    storage: Path
-    name: str | None = None
-    num_samples: int | None = None
-    max_concurrent: int | None = None
-    resources: Resources = Resources()
-    address: str | None = None
-    tracking_uri: str | None = None
-    seed: int | None = None
-    resume: bool = False
-    max_failures: int = 2
-    worker_resources: dict = field(default_factory=dict)
-
-
-def run_study(options: RunOptions) -> int:
-    """Every check that can be made is made before Ray starts and before the study folder is created or touched
-    (study/preflight.py); then the trials run, and MLflow is brought up to date with Ray's records at the end."""
-    space = load_space(options.space)
-    name = options.name or space.name
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UserError(f"--name {name!r}: use letters, digits, '_', '.' and '-' (it names a folder)")
-    check_reachable(options.storage)
+def run_study(options: RunOptions, space: SearchSpace, name: str) -> int:
+    """`space` and `name`: what study/precheck.py's check_study found. Every other check that can be made is made
+    before Ray starts and before the study folder is created or touched (study/preflight.py); then the trials run,
+    and MLflow is brought up to date with Ray's records at the end. Exits 1 when every trial failed."""
     folder = StudyFolder.at(join(options.storage, name))
     stored, previous = None, None
     if options.resume:
@@ -108,7 +86,7 @@ def run_study(options: RunOptions) -> int:
                                   provenance(), [folder.path / SPACE_FILE])
 
     context = StudyContext(folder, space, seed, resources, tracking_uri, experiment_id, study_run_id,
-                           options.max_failures, in_process, worker_resources)
+                           options.max_failures, in_process, worker_resources, options.allow_code_execution)
     trainable = tune.with_resources(tune.with_parameters(trial_driver, study=context),
                                     trial_driver_resources(ray.cluster_resources(), resources, in_process))
     trials = num_samples * len(seeds)
@@ -148,11 +126,28 @@ def run_study(options: RunOptions) -> int:
     print(summary(records, space, folder), flush=True)
     print(f"report: {write_report(folder)}", flush=True)
     folder.push(REPORT_DIR)
-    close_run(tracking_uri, experiment_id, run_id=study_run_id, trial_id=None, status=TrialStatus.COMPLETED)
+    failed = every_trial_failed(records)
+    close_run(tracking_uri, experiment_id, run_id=study_run_id, trial_id=None,
+              status=TrialStatus.FAILED if failed else TrialStatus.COMPLETED, error=failed)
     if unsynced:
         print(f"MLflow at {redact(tracking_uri)} did not answer: {unsynced} trial run(s) lack epochs Ray recorded; "
               f"`lapstudy sync {folder.location}` sends them when it is back", flush=True)
+    if failed:
+        print(f"lapstudy: {failed}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def every_trial_failed(records: list) -> str | None:
+    """Why the study has nothing to show when every one of its trials failed (its commonest errors), else None."""
+    if not records or any(r.status is not TrialStatus.FAILED for r in records):
+        return None
+    errors = Counter(r.error or "unknown error" for r in records).most_common()
+    if len(errors) == 1:
+        return f"every trial failed ({len(records)} of {len(records)}): {errors[0][0]}"
+    shown = "; ".join(f"{error} ({count})" for error, count in errors[:3])
+    more = f"; {len(errors) - 3} other error(s) in `lapstudy status`" if len(errors) > 3 else ""
+    return f"every trial failed ({len(records)} of {len(records)}): {shown}{more}"
 
 
 def _study_params(space: SearchSpace, record: StudyRecord) -> dict[str, str]:
@@ -168,10 +163,10 @@ def _study_params(space: SearchSpace, record: StudyRecord) -> dict[str, str]:
 
 
 def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData | None) -> None:
-    """Every extreme configuration of the space builds: before the data (None) the keys it does not shape, then
-    all of them with the keys the data fixes, and each one's batch against the training split."""
+    """Every extreme configuration of the space builds (study/precheck.py checked the keys the data does not shape):
+    before the data (None) the later stages' datasets and the benchmarks, then every configuration with the keys
+    the data fixes, and each one's batch against the training split."""
     if task_data is None:
-        space.check_configs(before_data=True)
         for stage in space.stages:
             check_dataset(stage.task, stage.dataset or space.dataset)
         check_evaluations(space)

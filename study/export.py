@@ -12,9 +12,10 @@ from study.tasks import task_class
 from study.yamlio import dump_yaml, load_yaml
 
 
-def export(folder: StudyFolder, top: int, out_dir: Path | None) -> list[Path]:
+def export(folder: StudyFolder, top: int, out_dir: Path | None) -> list[tuple[Path, dict]]:
     """Write the `top` best configurations (or the Pareto set), ranked by their mean over the replicates, as run
-    configs: each is its first replicate's, with every replicate's value in the provenance. Returns their paths."""
+    configs: each is its first replicate's, with every replicate's value in the provenance. Returns (path,
+    provenance) of each file, best first."""
     record = folder.record()
     space = folder.space()
     best = best_configurations(configurations(load_records(folder)), space.metrics, space.modes)
@@ -62,5 +63,5 @@ def export(folder: StudyFolder, top: int, out_dir: Path | None) -> list[Path]:
         kind = "pareto" if space.multi_objective else "top"
         path = out_dir / f"{kind}{rank:02d}_{trial.trial_id}.yaml"
         path.write_text(f"# lapstudy run config: re-run with `lapstudy train {path.name}`\n" + dump_yaml(document))
-        written.append(path)
+        written.append((path, document["provenance"]))
     return written

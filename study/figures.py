@@ -7,16 +7,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # no display where reports are made
+from study.plots import colormap, layer_heatmap, save, subplots
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 
-from study.plots import layer_heatmap, save  # noqa: E402
-
-COLOURS = plt.get_cmap("tab10")
+def colour(index: int):
+    """The index-th colour of the tab10 cycle."""
+    return colormap("tab10")(index % 10)
 
 
 def _positions(values: list) -> tuple[list[float], list[str] | None]:
@@ -35,7 +33,7 @@ def _errorbar_panel(ax, points: list[tuple], name: str, ylabel: str) -> None:
         chosen = [(x, p) for x, p in zip(xs, points) if str(p[3]) == group]
         ax.errorbar([x for x, _ in chosen], [p[1] for _, p in chosen],
                     yerr=[0.0 if not math.isfinite(p[2]) else p[2] for _, p in chosen], fmt="o", capsize=3,
-                    color=COLOURS(index % 10), label=group if len(groups) > 1 else None)
+                    color=colour(index), label=group if len(groups) > 1 else None)
     if ticks:
         ax.set_xticks(range(len(ticks)), ticks, rotation=30, fontsize=7)
     ax.set_xlabel(name)
@@ -49,7 +47,7 @@ def against_parameters(panels: dict[str, dict[str, list[tuple]]], path: Path, ti
     (value, mean, std, group) per configuration."""
     quantities = list(panels)
     parameters = list(next(iter(panels.values())))
-    fig, axes = plt.subplots(len(quantities), len(parameters), squeeze=False, dpi=110,
+    fig, axes = subplots(len(quantities), len(parameters), squeeze=False, dpi=110,
                              figsize=(3.4 * len(parameters) + 0.5, 2.6 * len(quantities) + 0.6))
     for row, quantity in enumerate(quantities):
         for column, parameter in enumerate(parameters):
@@ -60,11 +58,11 @@ def against_parameters(panels: dict[str, dict[str, list[tuple]]], path: Path, ti
 def trajectories(series: dict[str, list[tuple[str, list[int], list[float]]]], path: Path, title: str) -> Path:
     """One panel per quantity: a line per trial (label, epochs, values)."""
     names = list(series)
-    fig, axes = plt.subplots(1, len(names), squeeze=False, dpi=110, figsize=(3.6 * len(names) + 0.5, 3.2))
+    fig, axes = subplots(1, len(names), squeeze=False, dpi=110, figsize=(3.6 * len(names) + 0.5, 3.2))
     for ax, name in zip(axes[0], names):
         labels = sorted({label for label, _, _ in series[name]})
         for label, epochs, values in series[name]:
-            ax.plot(epochs, values, marker=".", color=COLOURS(labels.index(label) % 10), alpha=0.8,
+            ax.plot(epochs, values, marker=".", color=colour(labels.index(label)), alpha=0.8,
                     label=label)
         handles, seen = [], set()
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -81,9 +79,9 @@ def trajectories(series: dict[str, list[tuple[str, list[int], list[float]]]], pa
 def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylabel: str, path: Path,
                    title: str) -> Path:
     """One panel per (x name, x values, y values, caption)."""
-    fig, axes = plt.subplots(1, len(panels), squeeze=False, dpi=110, figsize=(3.6 * len(panels) + 0.5, 3.4))
+    fig, axes = subplots(1, len(panels), squeeze=False, dpi=110, figsize=(3.6 * len(panels) + 0.5, 3.4))
     for ax, (name, xs, ys, caption) in zip(axes[0], panels):
-        ax.scatter(xs, ys, s=18, color=COLOURS(0))
+        ax.scatter(xs, ys, s=18, color=colour(0))
         ax.set_xlabel(name)
         ax.set_ylabel(ylabel)
         ax.set_title(caption, fontsize=8)
@@ -92,8 +90,8 @@ def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylab
 
 def bars(values: dict[str, float], path: Path, title: str, xlabel: str) -> Path:
     names = list(values)
-    fig, ax = plt.subplots(figsize=(5.5, 0.45 * len(names) + 1.2), dpi=110)
-    ax.barh(names, [values[n] for n in names], color=COLOURS(0))
+    fig, ax = subplots(figsize=(5.5, 0.45 * len(names) + 1.2), dpi=110)
+    ax.barh(names, [values[n] for n in names], color=colour(0))
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
@@ -102,7 +100,7 @@ def bars(values: dict[str, float], path: Path, title: str, xlabel: str) -> Path:
 
 def pareto(points: list[tuple[float, float, bool]], names: tuple[str, str], path: Path, title: str) -> Path:
     """Configurations' means on two objectives; those on the Pareto front marked."""
-    fig, ax = plt.subplots(figsize=(5, 4), dpi=110)
+    fig, ax = subplots(figsize=(5, 4), dpi=110)
     for front, colour, label in ((False, "#999999", "dominated"), (True, "#c44e52", "Pareto front")):
         chosen = [(x, y) for x, y, on in points if on == front]
         if chosen:

@@ -53,6 +53,13 @@ class StudyRecord(BaseModel):
     mode: list[str]
 
 
+def local_store(study_dir: Path) -> tuple[str, str]:
+    """(tracking URI, artifact location) of the embedded default MLflow store: `mlflow.db` and `mlartifacts/` in the
+    study folder (or in `lapstudy train`'s --storage)."""
+    study_dir = Path(study_dir).resolve()
+    return f"sqlite:///{study_dir / 'mlflow.db'}", (study_dir / "mlartifacts").as_uri()
+
+
 @dataclass(frozen=True)
 class StudyFolder:
     path: Path  # absolute; for a study in object storage, its local copy

@@ -77,6 +77,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
     target: TrackingTarget | None = loop_config["tracking"]
     stage: StageContext = loop_config["stage"]
     host: TrainWorkerHost | InProcessHost = loop_config["host"]
+    allow_code_execution: bool = loop_config["allow_code_execution"]  # what the command line allowed
     worker = host.worker()
     torch.set_num_threads(spec.resources.threads)
     if worker.device.type == "cpu":
@@ -130,7 +131,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
                     # The stage's benchmarks on the model it ended with (rank 0: the others wait at the report).
                     evaluated = time.perf_counter()
                     for evaluation in spec.evaluate:
-                        metrics.update(evaluate_stage(model, evaluation, spec.dataset, seed=spec.seed))
+                        metrics.update(evaluate_stage(model, evaluation, spec.dataset, seed=spec.seed,
+                                                      allow_code_execution=allow_code_execution))
                     metrics["benchmark_s"] = time.perf_counter() - evaluated
             else:
                 # Stop at once: retrying from the checkpoint would diverge the same way. The study marks it failed.

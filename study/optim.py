@@ -35,6 +35,64 @@ class WarmupInverseSqrt:
         return min(n / self.warmup, math.sqrt(self.warmup / n))
 
 
+class Lamb(torch.optim.Optimizer):
+    """LAMB as DeiT III trains with it (`--opt fusedlamb`): apex's FusedLAMB as timm's create_optimizer builds it,
+    its arithmetic in PyTorch (NVIDIA/apex at 6424da3: apex/optimizers/fused_lamb.py, csrc/multi_tensor_lamb.cu;
+    timm's optim/lamb.py is the same update). One step, t the group's step count (from 1)::
+
+        c = max(1, ||g||_global / max_grad_norm)     every group's gradients clipped as one vector (fused_lamb.py:
+                                                      126-160; the kernel's clipped_global_grad_norm, .cu:53-54)
+        m = beta1 m + (1 - beta1) g / c;   v = beta2 v + (1 - beta2) (g / c)^2
+        u = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay p      (.cu:111-117)
+        p = p - lr r u,  r = ||p|| / ||u|| where weight_decay != 0 and both norms are > 0, else 1   (.cu:210-217)
+
+    FusedLAMB's settings as DeiT leaves them (fused_lamb.py:63-77): bias correction, gradient averaging, the decay
+    inside the update and so inside the trust ratio (adam_w_mode), no trust ratio on groups without decay
+    (use_nvlamb off), global clipping at max_grad_norm 1.0, the trust ratio not clamped. DeiT passes lr, eps
+    (--opt-eps, 1e-8) and the groups' weight decay; its --clip-grad (the loop's `grad_clip`) is off."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01, max_grad_norm: float = 1.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.max_grad_norm = max_grad_norm
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if not grads:
+            return
+        global_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        clip = torch.clamp(global_norm / self.max_grad_norm, min=1.0)  # stays on the device: no sync
+        for group in self.param_groups:
+            group["step"] = group.get("step", 0) + 1  # one count per group, as FusedLAMB keeps it
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                if not self.state[p]:
+                    self.state[p] = {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+            exp_avg = [self.state[p]["exp_avg"] for p in params]
+            exp_avg_sq = [self.state[p]["exp_avg_sq"] for p in params]
+            beta1, beta2 = group["betas"]
+            grads = torch._foreach_div([p.grad for p in params], clip)
+            torch._foreach_mul_(exp_avg, beta1)
+            torch._foreach_add_(exp_avg, grads, alpha=1 - beta1)
+            torch._foreach_mul_(exp_avg_sq, beta2)
+            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+            denominator = torch._foreach_div(exp_avg_sq, 1 - beta2 ** group["step"])
+            torch._foreach_sqrt_(denominator)
+            torch._foreach_add_(denominator, group["eps"])
+            update = torch._foreach_div(exp_avg, 1 - beta1 ** group["step"])
+            torch._foreach_div_(update, denominator)
+            if group["weight_decay"] != 0:
+                param_norms = torch.stack(torch._foreach_norm(params))  # of the weights before this step
+                torch._foreach_add_(update, params, alpha=group["weight_decay"])
+                update_norms = torch.stack(torch._foreach_norm(update))
+                trust = torch.where((param_norms > 0) & (update_norms > 0), param_norms / update_norms, 1.0)
+                torch._foreach_mul_(update, list(trust.unbind()))
+            torch._foreach_add_(params, update, alpha=-group["lr"])
+
+
 class NanochatOptimizer:
     """nanochat's two optimisers as the one the training loop steps, zeroes and checkpoints: AdamW (embedding, head)
     then Muon (the blocks' matrices), as base_train.py steps them. Their groups carry `initial_lr` and no `lr_scale`:
@@ -92,8 +150,8 @@ class NanochatSchedule:
 
 
 def build_optimizer(model, train: TrainConfig, slow_scale: float):
-    """AdamW (or LAMB) over the model's own parameter groups: decay on matrices only, the mixers' slow parameters
-    at `slow_scale` times the learning rate (each group's `lr_scale`). `nanochat`: nanochat's split of a GPT
+    """AdamW (or LAMB, or SGD) over the model's own parameter groups: decay on matrices only, the mixers' slow
+    parameters at `slow_scale` times the learning rate (each group's `lr_scale`). `nanochat`: nanochat's split of a GPT
     (`NanochatOptimizer`), its own learning rates, weight decay on its AdamW groups as nanochat applies it."""
     if train.optimizer == "nanochat":
         return NanochatOptimizer(*build_nanochat_optimizers(
@@ -103,9 +161,7 @@ def build_optimizer(model, train: TrainConfig, slow_scale: float):
     for group in groups:
         group["lr"] = train.lr * group["lr_scale"]
     betas = (train.beta1, train.beta2)
-    if train.optimizer == "lamb":
-        from pytorch_optimizer import Lamb  # it imports torch.distributed.tensor (~0.5 s): only LAMB recipes pay
-
+    if train.optimizer == "lamb":  # DeiT III's FusedLAMB: each group's decay also decides its trust ratio
         return Lamb(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
     if train.optimizer == "sgd":  # coupled weight decay, as torch's SGD (and eval_linear.py) apply it
         return torch.optim.SGD(groups, lr=train.lr, momentum=train.beta1, weight_decay=train.weight_decay)

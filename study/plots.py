@@ -6,14 +6,29 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # workers have no display
+from study.tasks import GeometryPictures
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 
-from study.tasks import GeometryPictures  # noqa: E402
+def _pyplot():
+    """matplotlib's pyplot, imported on the first figure: a command refused before it draws anything never loads
+    matplotlib, which writes its configuration and font cache under ~ when it is first imported."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # workers have no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def subplots(*args, **kwargs):
+    """pyplot.subplots (figure and axes) on the Agg backend."""
+    return _pyplot().subplots(*args, **kwargs)
+
+
+def colormap(name: str):
+    return _pyplot().get_cmap(name)
 
 
 def draw_geometry(pictures: GeometryPictures, folder: Path, title: str) -> None:
@@ -32,7 +47,7 @@ def save(fig, path: Path, title: str | None = None) -> Path:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
@@ -59,7 +74,7 @@ def layer_history(history: list[dict]) -> dict[str, tuple[list[int], np.ndarray]
 def layer_heatmap(values: np.ndarray, columns: list, path: Path, title: str, column_name: str) -> Path:
     """A (layers, columns) table of one geometry metric as a heatmap, each cell annotated; layer 0 at the bottom."""
     layers, count = values.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * count + 2.5), max(2.5, 0.35 * layers + 1.5)), dpi=110)
+    fig, ax = subplots(figsize=(max(4.0, 0.6 * count + 2.5), max(2.5, 0.35 * layers + 1.5)), dpi=110)
     image = ax.imshow(values, origin="lower", aspect="auto", cmap="viridis")
     fig.colorbar(image, ax=ax, fraction=0.05)
     ax.set_xticks(range(count), [str(c) for c in columns], rotation=45 if count > 8 else 0, fontsize=7)
@@ -80,9 +95,9 @@ def draw_layer_history(history: list[dict], folder: Path, title: str) -> list[Pa
 
 
 def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, label_name: str = "class") -> Path:
-    fig, ax = plt.subplots(figsize=(5.5, 5), dpi=110)
+    fig, ax = subplots(figsize=(5.5, 5), dpi=110)
     values = np.unique(labels)
-    cmap = plt.get_cmap("tab10" if len(values) <= 10 else "tab20")
+    cmap = colormap("tab10" if len(values) <= 10 else "tab20")
     for i, value in enumerate(values):
         keep = labels == value
         name = "none" if value < 0 else str(value)
@@ -98,7 +113,7 @@ def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, lab
 def patch_pca_plot(images: np.ndarray, rgb: np.ndarray, path: Path, title: str) -> Path:
     """Each image (top row) over the PCA picture of its patch features (bottom row), as in DINO's figures."""
     count = len(rgb)
-    fig, axes = plt.subplots(2, count, figsize=(1.6 * count + 0.4, 3.6), dpi=110, squeeze=False)
+    fig, axes = subplots(2, count, figsize=(1.6 * count + 0.4, 3.6), dpi=110, squeeze=False)
     for column in range(count):
         for row, picture in enumerate((images[column], rgb[column])):
             axes[row, column].imshow(picture, interpolation="nearest")
@@ -110,7 +125,7 @@ def variance_plot(parts: dict[str, float], total: float, path: Path, title: str)
     """Bars of the variance components with the total beside them (they add up to it: ANOVA identity)."""
     names = list(parts) + ["total"]
     values = [parts[n] for n in parts] + [total]
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=110)
+    fig, ax = subplots(figsize=(5.5, 3.6), dpi=110)
     bars = ax.bar(names, values, color=["#4c72b0", "#55a868", "#c44e52", "#8172b2"][: len(parts)] + ["#777777"])
     for bar, value in zip(bars, values):
         share = f"\n{value / total:.0%}" if total > 0 and bar is not bars[-1] else ""

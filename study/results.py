@@ -1,6 +1,10 @@
 """A study's trials as read back from Ray Tune's records in the study folder: status tables, the best trials and the
 Pareto set. Ray's records are the source of truth (they hold every reported metric even when the MLflow server was
-away); MLflow run ids come along in the reported metrics."""
+away); MLflow run ids come along in the reported metrics.
+
+The records are read as plain JSON, without Ray: Tune's `ExperimentAnalysis` imports Ray Tune and unpickles every
+trial (its trainable's module included: torch, the training loop), which made `lapstudy status` take seconds
+before it read a line, and would run whatever pickles a study folder in a shared bucket holds."""
 
 from __future__ import annotations
 
@@ -9,15 +13,15 @@ import json
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ray.tune import ExperimentAnalysis
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from study.errors import UserError
 from study.folder import StudyFolder
-from study.search import CONFIG_ID, REPLICATE, SEED
+from study.space import CONFIG_ID, REPLICATE, SEED
 from study.stats import PairedDifference, Summary, paired_difference, summarize
 from study.status import TrialStatus, trial_status
 
@@ -103,15 +107,38 @@ def record_from_trial(trial, epochs: int, *, finished: bool = False) -> TrialRec
                        result, error)
 
 
+# Tune's experiment state in the study folder: one file per driver session, named by its start time
+# (ray.tune TuneController.CKPT_FILE_TMPL); Tune restores the newest name, and so do we.
+EXPERIMENT_STATE_GLOB = "experiment_state-*.json"
+
+
 def load_records(folder: StudyFolder) -> list[TrialRecord]:
+    """Every trial of the study, as Tune's newest experiment state records it (what `ExperimentAnalysis` reads)."""
     folder.record()  # a clear error when the folder is not a study
     epochs = folder.space().total_epochs
+    states = sorted(folder.path.glob(EXPERIMENT_STATE_GLOB), key=lambda path: path.name)
     try:
-        analysis = ExperimentAnalysis(str(folder.path))
-    except Exception as exc:  # noqa: BLE001 - no (readable) experiment state
+        trial_data = json.loads(states[-1].read_text())["trial_data"]
+        records = [_record(json.loads(state), json.loads(metadata), folder.path, epochs)
+                   for state, metadata in trial_data]
+    except (IndexError, OSError, ValueError, KeyError, TypeError) as exc:  # none, or not Tune's state
         raise UserError(f"{folder.location}: no Ray Tune experiment state to read ({type(exc).__name__}); "
                         "has the study started?") from None
-    return sorted((record_from_trial(t, epochs) for t in analysis.trials), key=lambda r: r.trial_id)
+    return sorted(records, key=lambda r: r.trial_id)
+
+
+def _record(state: dict, metadata: dict, study_dir: Path, epochs: int) -> TrialRecord:
+    """A trial from its entry in Tune's experiment state: the JSON of its state (`Trial.get_json_state`) and of its
+    run metadata (`_TrainingRunMetadata`); its error text from the file that metadata names in the trial's folder."""
+    result = dict(metadata.get("last_result") or {"trial_id": state["trial_id"]})  # Trial.last_result's default
+    error = None
+    if state["status"] == "ERROR" and metadata.get("error_filename"):
+        error_file = study_dir / state["relative_logdir"] / metadata["error_filename"]
+        error = error_file.read_text(errors="replace") if error_file.is_file() else None
+    status, error = trial_status(state["status"], result, epochs, error=error)
+    name = state.get("custom_trial_name") or f"{state['trainable_name']}_{state['trial_id']}"
+    return TrialRecord(state["trial_id"], name, status, dict(state.get("config") or {}),
+                       int(result.get("epoch", 0) or 0), result, error)
 
 
 def trial_rows(folder: StudyFolder) -> dict[str, list[dict]]:
@@ -235,6 +262,39 @@ def status(folder: StudyFolder) -> str:
         lines += ["configurations (mean ± std over the replicates that ran every epoch):",
                   configuration_table(groups, record.metric, baseline_configuration(groups, space))]
     return "\n".join(lines)
+
+
+def status_document(folder: StudyFolder) -> dict:
+    """`lapstudy status --json`: what the table shows, for scripts; a value no trial reported (or NaN) is null."""
+    record, space = folder.record(), folder.space()
+    records = load_records(folder)
+    seeds = record.seeds or [record.seed]
+    groups = configurations(records)
+    baseline = baseline_configuration(groups, space)
+    document = {
+        "study": record.name, "location": folder.location, "trials_planned": record.num_samples * len(seeds),
+        "metric": dict(zip(record.metric, record.mode)),
+        "trials": [{"trial_id": r.trial_id, "name": r.name, "status": r.status.value, "epochs": r.epochs_run,
+                    "config_id": r.config_id, "seed": r.seed, "params": r.sampled,
+                    "metrics": {m: json_number(metric_value(r, m)) for m in record.metric}, "error": r.error}
+                   for r in records],
+    }
+    if len(seeds) > 1:
+        def summary_of(summary) -> dict:
+            return {"mean": json_number(summary.mean), "std": json_number(summary.std), "n": summary.n}
+
+        document["configurations"] = [
+            {"config_id": g.config_id, "params": g.sampled, "trials": [t.trial_id for t in g.trials],
+             "metrics": {m: summary_of(g.summary(m)) for m in record.metric},
+             **({"minus_baseline": {m: summary_of(g.difference(baseline, m)) for m in record.metric}}
+                if baseline is not None and g is not baseline else {})}
+            for g in groups]
+    return document
+
+
+def json_number(value):
+    """A metric value as JSON has it: a finite number, else null (JSON has no NaN)."""
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def summary(records: list[TrialRecord], space, folder: StudyFolder, top: int = 5) -> str:

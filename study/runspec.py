@@ -19,6 +19,7 @@ import models
 from models.stlt import stlt_config
 from study.data import DatasetConfig
 from study.errors import UserError, validate
+from study.evals.sandbox import ALLOW_FLAG
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
 
@@ -29,7 +30,7 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     optimizer: Literal["adamw", "lamb", "sgd", "nanochat"] = Field(
-        "adamw", description="AdamW; LAMB (pytorch_optimizer) as in DeiT III; SGD with momentum beta1 (Nesterov off) "
+        "adamw", description="AdamW; LAMB as DeiT III runs it (apex FusedLAMB); SGD with momentum beta1 (Nesterov off) "
                              "as DINO's linear probe trains; nanochat: Muon for the GPT blocks' matrices and AdamW "
                              "for embedding and head at matrix_lr, embedding_lr, unembedding_lr, with nanochat's "
                              "warm-down schedule (docs/nanochat.md; lr, beta1, beta2, eps are then not used)")
@@ -91,7 +92,8 @@ class Resources(BaseModel):
 
 class EvaluationSpec(BaseModel):
     """Benchmarks a language-model stage is evaluated on when it ends (study/evals: lm-evaluation-harness, and
-    HumanEval in the sandbox), logged as eval_<task>_<metric> with the stage's last epoch."""
+    HumanEval in the sandbox), logged as eval_<task>_<metric> with the stage's last epoch. HumanEval runs the code
+    the model writes: the command line allows it (`--allow-code-execution`), never a file."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -102,15 +104,19 @@ class EvaluationSpec(BaseModel):
     limit: int | None = Field(None, ge=1, description="the first N examples of each task (None: all)")
     num_fewshot: int | None = Field(None, ge=0, description="few-shot examples (None: each task's own)")
     chat: bool = Field(False, description="format prompts with the chat template (an SFT model)")
-    allow_code_execution: bool = Field(False, description="humaneval runs generated code (in the sandbox): opt in")
     num_samples: int = Field(1, ge=1, description="humaneval and gsm8k_chat samples per problem (pass@k up to it)")
     temperature: float = Field(0.0, ge=0, description="their sampling temperature")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _code_execution_is_a_flag(cls, data):
+        if isinstance(data, dict) and "allow_code_execution" in data:
+            raise ValueError(f"allow_code_execution: is no longer read from a file; running model-written code is "
+                             f"decided on the command line, with {ALLOW_FLAG} (lapstudy run, train, eval)")
+        return data
+
     @model_validator(mode="after")
     def _check(self):
-        if "humaneval" in self.tasks and not self.allow_code_execution:
-            raise ValueError("tasks: humaneval executes the code the model writes; set allow_code_execution: true "
-                             "to run it (in the sandbox, docs/evals.md)")
         if self.num_samples > 1 and self.temperature == 0:
             raise ValueError(f"temperature: must be > 0 with num_samples {self.num_samples} (greedy samples are all "
                              "the same)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import threading
 import warnings
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from study.errors import UserError
-from study.space import SearchSpace
+from study.space import CONFIG_ID, REPLICATE, SEED, SearchSpace
 
 # Optuna flags multivariate/grouped TPE as experimental; it is what conditional spaces need.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -72,7 +73,27 @@ def make_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:
         except ImportError:
             raise UserError("sampler: cmaes needs the `cmaes` package (pip install cmaes), or use tpe") from None
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=startup)
-    return optuna.samplers.NSGAIISampler(seed=seed, population_size=spec.population_size or 50)
+    return NSGAIISampler(seed=seed, population_size=spec.population_size or 50)
+
+
+_LOCK = type(threading.Lock())
+
+
+class NSGAIISampler(optuna.samplers.NSGAIISampler):
+    """Optuna's NSGA-II sampler, picklable under every supported Optuna. Since Optuna 5.1 its base class
+    (BaseGASampler) guards its cache of generations with a threading lock, which cannot be pickled, and Ray Tune
+    pickles the searcher when the Tuner is built and into the study's state for `--resume`. A lock only orders the
+    threads of one process, so the pickle leaves out every lock attribute and the copy gets fresh ones: what Optuna's
+    own InMemoryStorage does with its lock. The attributes are found by type, not by their private names. The class
+    keeps Optuna's name: a GA sampler's trial attributes are keyed by its class name (NSGAIISampler:generation)."""
+
+    def __getstate__(self) -> dict:
+        locks = [name for name, value in self.__dict__.items() if isinstance(value, _LOCK)]
+        return {"attributes": {k: v for k, v in self.__dict__.items() if k not in locks}, "locks": locks}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state["attributes"])
+        self.__dict__.update({name: threading.Lock() for name in state["locks"]})
 
 
 class StudySearch(OptunaSearch):
@@ -95,8 +116,6 @@ class StudySearch(OptunaSearch):
         return super().on_trial_complete(trial_id, result, error)
 
 
-# Keys every trial's config carries besides its sampled values (none is a hyperparameter name).
-CONFIG_ID, REPLICATE, SEED = "config_id", "replicate", "seed"
 JOURNAL_FILE = "optuna.journal"
 
 

@@ -38,6 +38,9 @@ Scalar = Union[bool, int, float, str, None]
 MULTI_OBJECTIVE_SAMPLERS = ("tpe", "random", "nsga2", "grid")
 # Validation tries every combination of the parameters' extreme values up to this many, then one at a time.
 MAX_CORNER_COMBINATIONS = 4096
+# Keys every trial's config carries besides its sampled values (none is a hyperparameter name): its configuration,
+# which replicate of it the trial is, and that replicate's seed (study/search.py's ReplicatedSearch sets them).
+CONFIG_ID, REPLICATE, SEED = "config_id", "replicate", "seed"
 
 
 class _Strict(BaseModel):
@@ -499,7 +502,9 @@ class SearchSpace(_Strict):
                 if check is not None:
                     check(hyperparameters)
             except UserError as exc:
-                raise UserError(self._blame(str(exc), sampled, blame, data_overrides or {}), field=exc.field) from None
+                # A fixed key refused at this corner after others built: the sampled values make it fail.
+                message = self._blame(str(exc), sampled, blame, data_overrides or {}, depends_on_sampled=checked > 0)
+                raise UserError(message, field=exc.field) from None
             checked += 1
         return checked
 
@@ -510,7 +515,8 @@ class SearchSpace(_Strict):
         for i, (_, _, stage) in enumerate(run.stage_runs()[1:]):
             check_run_config(stage.hyperparameters, stage.task, f"stages[{i}].hyperparameters", before_data=True)
 
-    def _blame(self, message: str, sampled: dict, blame: str, data_overrides: dict) -> str:
+    def _blame(self, message: str, sampled: dict, blame: str, data_overrides: dict, *,
+               depends_on_sampled: bool = False) -> str:
         """Point the message at where the space defines the faulty key, with the values that make it fail."""
         field, _, detail = message.partition(":")
         field = field.removeprefix("hyperparameters.")
@@ -522,7 +528,7 @@ class SearchSpace(_Strict):
         context = [f"{k}={v!r}" for k, v in sampled.items() if k != field]
         if field not in where and data_overrides:
             context += [f"{k}={v!r} (from the dataset)" for k, v in data_overrides.items()]
-        searched = field in sampled or field not in where
+        searched = field in sampled or field not in where or depends_on_sampled
         suffix = f" (with {', '.join(context)})" if context and searched else ""
         return f"{location}: {detail.strip()}{suffix}"
 

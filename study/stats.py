@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
@@ -68,6 +67,8 @@ def paired_difference(values: dict[int, float], baseline: dict[int, float]) -> P
     if n == 1:
         return PairedDifference(mean, math.nan, 1, math.nan, math.nan)
     std = float(differences.std(ddof=1))
+    from scipy import stats  # here: a second of import that `lapstudy status` without replicates never needs
+
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
     return PairedDifference(mean, std, n, mean - half, mean + half)
 
@@ -95,6 +96,8 @@ def rank_correlation(x: list[float], y: list[float], seed: int = 0) -> RankCorre
     a, b = (np.array(column, dtype=np.float64) for column in zip(*pairs))
     if np.ptp(a) == 0 or np.ptp(b) == 0:  # a quantity that did not vary: no ranking to correlate
         return RankCorrelation(math.nan, math.nan, math.nan, n)
+    from scipy import stats
+
     rho = float(stats.spearmanr(a, b).statistic)
     # The percentile bootstrap written out rather than scipy.stats.bootstrap: with a few trials, or tied values (a
     # grid's k, replicates), some resamples hold one value of a quantity, whose rho is undefined; scipy's interval is

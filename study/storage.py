@@ -10,15 +10,21 @@ straight to storage.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
+import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import pyarrow.fs
-
 from study.errors import UserError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
 
 STAGING_VARIABLE = "LAPSTUDY_STAGING"
 # Where pyarrow (Ray's storage, the study's files) finds the object store: the study's Ray workers get these from
@@ -28,13 +34,36 @@ STORAGE_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REG
                      STAGING_VARIABLE)
 
 
+# The object stores pyarrow opens (the schemes a location in them starts with): `s3:/x` or `gs:` is a URI typed
+# wrong, not a local folder of that name.
+OBJECT_STORE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+# How long the reachability check waits for a bucket to answer: offline, pyarrow's GCS client retries for 15 minutes
+# and its S3 client waits on a silent endpoint for good.
+REACH_TIMEOUT_S = 15.0
+
+
 def is_remote(location: str | os.PathLike) -> bool:
     location = os.fspath(location)
     return "://" in location and urlsplit(location).scheme not in ("", "file")
 
 
+def check_location(text: str, argument: str = "--storage") -> str:
+    """A location as the user typed it, refused (UserError naming `argument`) when it starts like a URI in object
+    storage but names no bucket (`s3://`, `gs:/b`); a URI is returned without its trailing slashes."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", text)
+    if not (is_remote(text) or (scheme and scheme.group(1).lower() in OBJECT_STORE_SCHEMES)):
+        return text
+    parts = urlsplit(text)
+    if not text.startswith(f"{parts.scheme}://") or not parts.netloc:
+        raise UserError(f"{argument} {text}: names no bucket; give {parts.scheme or scheme.group(1)}://BUCKET/PREFIX "
+                        "(or a local folder)", field=argument)
+    return text.rstrip("/")
+
+
 def filesystem(location: str, argument: str = "--storage") -> tuple[pyarrow.fs.FileSystem, str]:
     """The file system holding `location` and the path within it; `argument` names where the user gave it."""
+    import pyarrow.fs
+
     if not is_remote(location):
         return pyarrow.fs.LocalFileSystem(), str(Path(location).absolute())
     try:
@@ -57,23 +86,61 @@ def staging_folder(location: str, purpose: str = "work") -> Path:
     return root / purpose / parts.scheme / parts.netloc / parts.path.strip("/")
 
 
-def check_reachable(location: str, argument: str = "--storage") -> None:
-    """UserError unless the bucket of a location in object storage can be read (before anything is started);
-    `argument` names where the user gave the location."""
+def check_reachable(location: str, argument: str = "--storage", timeout: float = REACH_TIMEOUT_S) -> None:
+    """UserError unless the bucket of a location in object storage answers, and is there, within `timeout` seconds
+    (before anything is started); `argument` names where the user gave the location.
+
+    Asked in a process of its own, killed at the time-out: pyarrow's S3 client never gives up on an endpoint that
+    accepts connections and says nothing, and the interpreter would then hang at exit finalizing it."""
     if not is_remote(location):
         return
-    fs, path = filesystem(location, argument)
-    bucket = path.split("/", 1)[0]
+    bucket = urlsplit(location).netloc
+    ask = [sys.executable, "-c", "import sys; from study.storage import _answer; _answer(*sys.argv[1:])", location,
+           argument]
     try:
-        found = fs.get_file_info(bucket).type != pyarrow.fs.FileType.NotFound
-    except OSError as exc:
-        raise UserError(f"{argument} {location}: cannot reach it ({' '.join(str(exc).split())})") from None
-    if not found:
+        done = subprocess.run(ask, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{argument} {location}: bucket {bucket!r} did not answer within {timeout:g} s (waited for "
+                        f"{_endpoint(location)} to list it); check the network, the endpoint and the "
+                        "credentials") from None
+    answer = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {
+        "error": " ".join(done.stderr.split()[-30:]) or f"exit code {done.returncode}"}
+    if "refused" in answer:
+        raise UserError(answer["refused"])
+    if "error" in answer:
+        raise UserError(f"{argument} {location}: cannot reach it ({answer['error']})")
+    if not answer["found"]:
         raise UserError(f"{argument} {location}: bucket {bucket!r} not found (or not visible with these "
                         "credentials)")
 
 
+def _answer(location: str, argument: str) -> None:
+    """check_reachable's question, asked in its own process: one JSON line on stdout."""
+    import pyarrow.fs
+
+    try:
+        fs, path = filesystem(location, argument)  # an S3 location: pyarrow asks for the bucket's region here
+        answer = {"found": fs.get_file_info(path.split("/", 1)[0]).type != pyarrow.fs.FileType.NotFound}
+    except UserError as exc:
+        answer = {"refused": str(exc)}
+    except OSError as exc:
+        answer = {"error": " ".join(str(exc).split())}
+    print(json.dumps(answer), flush=True)
+
+
+def _endpoint(location: str) -> str:
+    """Whom the storage check asks, in words: the endpoint pyarrow's client talks to for this scheme."""
+    scheme = urlsplit(location).scheme
+    if scheme == "s3":
+        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "Amazon S3"
+    if scheme in ("gs", "gcs"):
+        return "Google Cloud Storage (and its credentials)"
+    return f"the {scheme} file system"
+
+
 def has_entries(location: str) -> bool:
+    import pyarrow.fs
+
     fs, path = filesystem(location)
     return bool(fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)))
 
@@ -87,6 +154,8 @@ def write_text(location: str, text: str) -> None:
 
 def upload(local: Path, location: str) -> None:
     """A local file or folder to `location` (a folder's files under it)."""
+    import pyarrow.fs
+
     fs, path = filesystem(location)
     fs.create_dir(posixpath.dirname(path) if local.is_file() else path, recursive=True)
     pyarrow.fs.copy_files(str(local), path, source_filesystem=pyarrow.fs.LocalFileSystem(), destination_filesystem=fs)
@@ -95,6 +164,8 @@ def upload(local: Path, location: str) -> None:
 def download(location: str, local: Path, skip: frozenset[str] = frozenset(), only: frozenset[str] = frozenset()):
     """The files under `location` into `local` (created): those under the top-level names in `only` (all if empty),
     except those under the names in `skip`."""
+    import pyarrow.fs
+
     fs, path = filesystem(location)
     selector = pyarrow.fs.FileSelector(path, recursive=True, allow_not_found=True)
     for info in fs.get_file_info(selector):

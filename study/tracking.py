@@ -44,6 +44,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
 
 from study.data.hub import probe_url  # noqa: E402
 from study.errors import UserError  # noqa: E402
+from study.folder import local_store  # noqa: E402
 from study.runspec import RunSpec  # noqa: E402
 from study.status import TrialStatus  # noqa: E402
 
@@ -78,12 +79,6 @@ def server_answers(tracking_uri: str) -> bool:
     if url.scheme not in ("http", "https") or not url.hostname:
         return True
     return probe_url(tracking_uri, timeout=SERVER_PROBE_S)[0]
-
-
-def local_store(study_dir: Path) -> tuple[str, str]:
-    """(tracking URI, artifact location) of the embedded default: SQLite store and artifacts in the study folder."""
-    study_dir = Path(study_dir).resolve()
-    return f"sqlite:///{study_dir / 'mlflow.db'}", (study_dir / "mlartifacts").as_uri()
 
 
 def check_store(tracking_uri: str, name: str, *, must_be_new: bool) -> str | None:

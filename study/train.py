@@ -13,11 +13,11 @@ from study.data import TaskData, load_task_data
 from study.evals.evaluate import check_evaluations
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial
-from study.runspec import Resources, check_run_config, complete_hyperparameters, load_run_spec
+from study.runspec import RunSpec, complete_hyperparameters
 from study.status import TrialStatus, trial_status
 from study.tasks import task_class
 from study.stages import run_stages
-from study.storage import check_reachable, is_remote, join, write_text
+from study.storage import is_remote, join, write_text
 from study.tracking import TrackingTarget, close_run, open_experiment, redact
 from study.trainer import RunSetup, plan_run
 from study.yamlio import dump_yaml
@@ -25,20 +25,16 @@ from study.yamlio import dump_yaml
 EXPERIMENT = "lapstudy-train"
 
 
-def train_once(path: Path, *, storage: str, tracking_uri: str | None, address: str | None,
-               resources: dict) -> int:
-    """`storage`: a local folder or a location in object storage (then `tracking_uri` is a server: the default
-    SQLite store cannot live there). `resources`: the worker settings given on the command line, over the config's
-    (an exact reproduction needs the config's own)."""
-    check_reachable(storage)
-    spec = load_run_spec(path)
-    if resources:
-        spec = spec.model_copy(update={"resources": Resources(**{**spec.resources.model_dump(), **resources})})
+def train_once(path: Path, spec: RunSpec, *, storage: str, tracking_uri: str | None, address: str | None,
+               allow_code_execution: bool = False) -> int:
+    """`spec`: the run config at `path` as study/precheck.py's check_run found it (the command line's worker
+    settings over the config's: an exact reproduction needs the config's own). `storage`: a local folder or a
+    location in object storage (then `tracking_uri` is a server: the default SQLite store cannot live there).
+    `allow_code_execution`: the command line's --allow-code-execution, which a re-run needs again."""
     where = f"run config {path}: hyperparameters"
 
     def check_configs(task_data: TaskData | None) -> None:
-        if task_data is None:  # the model and training keys that need no data, the benchmarks' tasks
-            check_run_config(spec.hyperparameters, spec.task, where=where, before_data=True)
+        if task_data is None:  # the benchmarks' tasks (study/precheck.py checked the keys that need no data)
             check_evaluations(spec)
         else:
             complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
@@ -57,7 +53,8 @@ def train_once(path: Path, *, storage: str, tracking_uri: str | None, address: s
     # Its name is also its MLflow run's trial id: every stage finds the one run. One worker trains in this process,
     # as a study's one-worker trial does in its own.
     setup = RunSetup(storage_path=storage, tracking=TrackingTarget(tracking_uri, experiment_id, name, name, None),
-                     in_process=trains_in_trial(spec.resources, ray.cluster_resources(), {}))
+                     in_process=trains_in_trial(spec.resources, ray.cluster_resources(), {}),
+                     allow_code_execution=allow_code_execution)
     print(f"training {path} as run {name} ({spec.total_epochs} epochs, {spec.resources.workers} worker(s)); "
           f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)
     try:

@@ -49,6 +49,7 @@ class RunSetup:
     report_to_tune: bool = False  # inside a study's trial: every report reaches Tune
     max_failures: int = 2  # restarts of a worker group after a crash or a lost node (a Train worker group only)
     worker_resources: dict = field(default_factory=dict)  # custom Ray resources each worker asks for (placement)
+    allow_code_execution: bool = False  # the command line's --allow-code-execution: HumanEval may run model code
 
 
 def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: StageContext) -> TorchTrainer:
@@ -70,7 +71,7 @@ def build_trainer(spec: RunSpec, task_data, name: str, setup: RunSetup, stage: S
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec, "task_data": task_data, "plan": plan, "tracking": setup.tracking,
-                           "stage": stage, "host": host},
+                           "stage": stage, "host": host, "allow_code_execution": setup.allow_code_execution},
         scaling_config=scaling,
         run_config=ray.train.RunConfig(
             name=name,

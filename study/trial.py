@@ -12,8 +12,7 @@ from ray import tune
 from study.data import load_task_data
 from study.folder import StudyFolder
 from study.runspec import Resources, complete_hyperparameters
-from study.search import CONFIG_ID, REPLICATE, SEED
-from study.space import SearchSpace
+from study.space import CONFIG_ID, REPLICATE, SEED, SearchSpace
 from study.stages import run_stages
 from study.tracking import TAG_CONFIG, TAG_REPLICATE, TrackingTarget
 from study.trainer import RunSetup
@@ -34,6 +33,7 @@ class StudyContext:
     max_failures: int  # retries of a trial's workers after a crash or a lost node
     in_process: bool  # the trial trains in its own process (study/resources.py: trains_in_trial)
     worker_resources: dict = field(default_factory=dict)  # custom Ray resources each Train worker asks for
+    allow_code_execution: bool = False  # `lapstudy run --allow-code-execution`: HumanEval may run model-written code
 
 
 def trial_name(trial) -> str:
@@ -58,6 +58,6 @@ def trial_driver(config: dict, study: StudyContext) -> None:
                      tracking=TrackingTarget(study.tracking_uri, study.experiment_id, name, trial_id,
                                              study.folder.name, parent_run_id=study.study_run_id, tags=tags),
                      in_process=study.in_process, report_to_tune=True, max_failures=study.max_failures,
-                     worker_resources=study.worker_resources)
+                     worker_resources=study.worker_resources, allow_code_execution=study.allow_code_execution)
     # The trial's name names its stages' Train runs: a restarted trial finds their checkpoints again.
     run_stages(spec, name, setup, task_data, lambda stage: load_task_data(stage.task, stage.dataset, seed=seed))

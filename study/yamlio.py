@@ -1,4 +1,5 @@
-"""YAML in and out: floats written the way people write them (``1e-3``), errors as one line with a position."""
+"""YAML in and out: floats written the way people write them (``1e-3``), a key given twice refused (PyYAML keeps
+the last one silently), errors as one line with a position."""
 
 from __future__ import annotations
 
@@ -12,7 +13,24 @@ from study.errors import UserError
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-3`` (no dot) as a string; researchers write learning rates exactly like that."""
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; researchers write learning rates exactly like that. A mapping
+    with a key twice is an error: the second `epochs:` of a space is a mistake, not a setting."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults`: a key the mapping sets again overrides the merged one, as YAML means
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (line {first.start_mark.line + 1} and line "
+                                f"{key_node.start_mark.line + 1}); give it once", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

@@ -57,12 +57,13 @@ def write_yaml(path: Path, data: dict) -> Path:
     return path
 
 
-def one_trial_study(root: Path, space: dict, ray_address: str, timeout: float = 900) -> dict:
-    """`lapstudy run` of a one-trial `space` from `root` (relative paths, as a user types them): its MLflow store's
-    URI, the trial's rows in Ray's records and its MLflow run."""
+def one_trial_study(root: Path, space: dict, ray_address: str, timeout: float = 900, flags: tuple = ()) -> dict:
+    """`lapstudy run` of a one-trial `space` from `root` (relative paths, as a user types them), with `flags`: its
+    MLflow store's URI, the trial's rows in Ray's records and its MLflow run."""
     name = space["name"]
     write_yaml(root / f"{name}.yaml", space)
-    run = lapstudy("run", f"{name}.yaml", "--storage", "studies", "--address", ray_address, cwd=root, timeout=timeout)
+    run = lapstudy("run", f"{name}.yaml", "--storage", "studies", "--address", ray_address, *flags, cwd=root,
+                   timeout=timeout)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     study_dir = root / "studies" / name
     uri = f"sqlite:///{study_dir / 'mlflow.db'}"

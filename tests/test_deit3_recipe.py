@@ -2,8 +2,10 @@
 
 Every expected value is written out from the reference and cites where it comes from:
 
-- facebookresearch/deit at 7e160fe: models_v2.py (the architecture), augment.py (3-Augment), datasets.py (the
-  evaluation transform), main.py (the defaults), README_revenge.md (the training commands);
+- facebookresearch/deit at 7e160fe: models_v2.py (the architecture; its forward written out in
+  tests/reference_vits.py), augment.py (3-Augment), datasets.py (the evaluation transform), main.py (the defaults),
+  README_revenge.md (the training commands), and the paper's own settings (the seeds, seed 000 section 3.1), which the
+  paper spaces take before the command's;
 - the libraries those files call for the operations they name: Pillow at 4e5f09f (ImageOps.solarize, ImageFilter.
   GaussianBlur, ImageEnhance, the RGB -> L conversion), torchvision's transforms.py (ColorJitter.forward, Resize,
   CenterCrop), timm's data/transforms.py at aa4b585 (RandomResizedCropAndInterpolation).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +31,12 @@ from torch import nn
 import models
 from models import build_model
 from models.layers import DropPath, LayerScale
+from reference_vits import deit3_forward, deit3_parameter_shapes, project_to_reference
 from study.data import config as data_config
 from study.data.images import ImageSpec, color_jitter, eval_images, gaussian_blur, three_augment, train_images
+from study.optim import Lamb, build_optimizer
+from study.runspec import TRAIN_KEYS, TrainConfig
+from study.space import load_space
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 # The ViT presets of the paper's grids: ViT-B/16 (ImageNet-1k), ViT-B/4 at 32x32 (CIFAR), ViT-S/16 (DINO backbone).
@@ -118,6 +125,27 @@ def test_paper_presets_are_the_deit3_models(preset, dim, depth, heads, patch):
     assert (config.dim, config.depth, config.num_heads, config.patch_size) == (dim, depth, heads, patch)
     assert config.mlp_ratio == 4 and config.qkv_bias is True  # models_v2.py:283, :324: mlp_ratio=4, qkv_bias=True
     assert config.drop_path_schedule == "uniform" and config.norm_eps == 1e-6 and config.pool == "cls"
+
+
+@pytest.mark.parametrize("preset, pixels", [("vit_b16", 224), ("vit_b4_32", 32), ("vit_s16", 224)])
+def test_the_vit_is_models_v2s_network_by_weight_transfer(preset, pixels):
+    # deit_base/small_patch16_LS (models_v2.py:281-338), and the CIFAR ViT-B/4, written out in tests/reference_vits.py
+    # from models_v2.py: the project's weights renamed are exactly its parameters, and its logits the same. Two
+    # blocks of the preset's width and heads; every parameter moved off its initial value (LayerScale 1e-4, zero
+    # biases and unit norms would hide a misplaced one).
+    torch.manual_seed(0)
+    vit = build_model({"preset": preset, "depth": 2, "num_classes": 10}).double().eval()
+    with torch.no_grad():
+        for p in vit.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    c = vit.config
+    weights = project_to_reference(vit.named_parameters())
+    assert {name: tuple(p.shape) for name, p in weights.items()} == deit3_parameter_shapes(
+        c.dim, 2, c.patch_size, c.in_chans, c.num_patches, 10)
+    images = torch.randn(2, 3, pixels, pixels, dtype=torch.float64)
+    with torch.no_grad():
+        expected = deit3_forward(weights, images, heads=c.num_heads, patch=c.patch_size)
+        torch.testing.assert_close(vit(images), expected, rtol=1e-10, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -294,48 +322,116 @@ def _space(name: str) -> dict:
     return yaml.safe_load((SPACES / name).read_text())
 
 
-def test_imagenet_space_is_the_deit3_imagenet_recipe():
-    space = _space("vit_imagenet_k.yaml")
-    data, fixed = space["dataset"], space["fixed"]
-    # README_revenge.md:412 (ViT-B on ImageNet-1k): --ThreeAugment --color-jitter 0.3, random resized crop (no
-    # --src), --mixup .8 --cutmix 1.0 --smoothing 0.0, --eval-crop-ratio 1.0, --opt fusedlamb --weight-decay 0.05
-    # --warmup-epochs 5 --sched cosine, batch 256 on each of 8 GPUs with --unscale-lr and --lr 3e-3.
-    assert data["augment"] == "three_augment" and data.get("color_jitter", 0.3) == 0.3
-    assert "crop_scale" not in data and "crop_ratio" not in data
-    assert (data["mixup"], data["cutmix"], data.get("label_smoothing", 0.0)) == (0.8, 1.0, 0.0)
-    assert data["eval_crop_pct"] == 1.0  # the hub preset's 0.875 is DeiT I's (main.py:174), not DeiT III's
-    # --repeated-aug: main.py:215-217 samples with RASampler, whose num_repeats is 3 (samplers.py:16).
-    assert data["repeated_aug"] == 3
-    assert fixed["optimizer"] == "lamb" and fixed["weight_decay"] == 0.05 and fixed["warmup_epochs"] == 5
-    assert fixed["batch_size"] == 256 * 8 and fixed["lr"] == 3e-3
-    # main.py:81 --min-lr 1e-5: the cosine ends at 1e-5, a ratio of 1e-5 / 3e-3 of the peak.
-    assert fixed["min_lr_ratio"] == pytest.approx(1e-5 / 3e-3, rel=1e-3)
-    # apex FusedLAMB (what --opt fusedlamb builds) clips the global gradient norm itself: max_grad_norm=1.0
-    # (apex/optimizers/fused_lamb.py:75).
-    assert fixed["grad_clip"] == 1.0
-    # The paper (seed 000, section 3.1): ViT-B/16, drop path 0.3, in every block (models_v2.py:200).
-    vit = build_model({"preset": fixed["preset"], "drop_path": fixed["drop_path"]}, device="meta")
-    assert fixed["preset"] == "vit_b16" and fixed["drop_path"] == 0.3
-    assert {block.drop_path1.p for block in vit.blocks} == {block.drop_path2.p for block in vit.blocks} == {0.3}
+# The sources, written out. The paper: seed 000, section 3.1 (its CIFAR-10/100 and ImageNet-1k columns), and its 400
+# ImageNet epochs. The command: README_revenge.md:412, DeiT III's ViT-B on ImageNet-1k, flag by flag. main.py: the
+# argparse defaults of what the command does not pass.
+PAPER = {
+    "cifar100": {"dataset": "cifar100", "preset": "vit_b4_32", "image_size": 32, "patch_size": 4, "lr": 3e-4,
+                 "drop_path": 0.1, "sched": "cosine", "k": [0, 3, 6, 9, 11, 12]},
+    "imagenet": {"dataset": "imagenet-1k", "preset": "vit_b16", "image_size": 224, "patch_size": 16, "lr": 3e-3,
+                 "drop_path": 0.3, "sched": "cosine", "k": [0, 3, 6, 9, 11, 12], "epochs": 400},
+}
+COMMAND = {"batch": 256, "ngpus": 8, "nodes": 1, "lr": 3e-3, "epochs": 800, "weight_decay": 0.05, "sched": "cosine",
+           "input_size": 192, "eval_crop_ratio": 1.0, "reprob": 0.0, "smoothing": 0.0, "warmup_epochs": 5, "drop": 0.0,
+           "seed": 0, "opt": "fusedlamb", "warmup_lr": 1e-6, "mixup": 0.8, "drop_path": 0.2, "cutmix": 1.0,
+           "unscale_lr": True, "repeated_aug": True, "bce_loss": True, "color_jitter": 0.3, "ThreeAugment": True}
+MAIN_PY = {"min_lr": 1e-5, "opt_eps": 1e-8, "opt_betas": None, "clip_grad": None,  # main.py:81, :58, :60, :62
+           "mixup_prob": 1.0, "mixup_switch_prob": 0.5, "src": False}  # :134, :136, :115
+FUSED_LAMB = {"betas": (0.9, 0.999), "max_grad_norm": 1.0}  # apex fused_lamb.py:68, :75 (what --opt-betas None keeps)
+RA_REPEATS = 3  # samplers.py:16 RASampler(num_repeats=3), what --repeated-aug samples with (main.py:215-217)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # augment.py:93, every dataset
+SOURCES = ("paper", "command", "main.py", "project")
 
 
-def test_cifar_grid_space_is_the_papers_setting_in_deit3s_framework():
-    space = _space("vit_cifar100_k_grid.yaml")
-    data, fixed = space["dataset"], space["fixed"]
-    # The paper (seed 000, section 3.1): ViT-B/4 on 32x32, cosine, peak lr 3e-4, drop path 0.1.
-    assert fixed["preset"] == "vit_b4_32" and fixed["lr"] == 3e-4 and fixed["drop_path"] == 0.1
-    vit = build_model({"preset": fixed["preset"], "drop_path": fixed["drop_path"]}, device="meta")
-    assert {block.drop_path1.p for block in vit.blocks} == {0.1}  # models_v2.py:200
-    # The rest is DeiT III's main.py where the paper is silent: --opt adamw (main.py:56), --weight-decay 0.05
-    # (:66), --warmup-epochs 5 (:86), --min-lr 1e-5 (:81), no gradient clipping (--clip-grad None, :62), Mixup 0.8
-    # and CutMix 1.0 (:128, :130), and ImageNet's mean and std for every dataset (augment.py:93, datasets.py:108).
-    assert fixed["optimizer"] == "adamw" and fixed["weight_decay"] == 0.05 and fixed["warmup_epochs"] == 5
-    assert fixed["min_lr_ratio"] == pytest.approx(1e-5 / 3e-4, rel=1e-3)
-    assert fixed["grad_clip"] == 0
-    assert data["augment"] == "three_augment" and (data["mixup"], data["cutmix"]) == (0.8, 1.0)
-    assert tuple(data["mean"]) == (0.485, 0.456, 0.406) and tuple(data["std"]) == (0.229, 0.224, 0.225)
-    # main.py:105-107: --repeated-aug is on unless --no-repeated-aug; RASampler repeats each image 3 times.
-    assert data["repeated_aug"] == 3
+def recipe(paper: dict) -> dict[str, tuple[object, str]]:
+    """Every training value of a paper space: (the value its source gives, that source's name). The paper's own
+    values first, then the command's, then main.py's; the project's where none of them applies."""
+    return {
+        "dataset.source": ("hf", "project"),
+        "dataset.name": (paper["dataset"], "paper"),
+        "dataset.augment": ("three_augment" if COMMAND["ThreeAugment"] else "basic", "command"),
+        "dataset.color_jitter": (COMMAND["color_jitter"], "command"),
+        "dataset.mixup": (COMMAND["mixup"], "command"),
+        "dataset.cutmix": (COMMAND["cutmix"], "command"),
+        # BCE's positives are the mixed targets > 0 (engine.py:43-44): smoothed (main.py's 0.1), every class is one
+        "dataset.label_smoothing": (COMMAND["smoothing"], "command"),
+        "dataset.eval_crop_pct": (COMMAND["eval_crop_ratio"], "command"),
+        "dataset.repeated_aug": (RA_REPEATS if COMMAND["repeated_aug"] else 1, "command"),
+        "epochs": (paper["epochs"], "paper") if "epochs" in paper else (COMMAND["epochs"], "command"),
+        "seed": (COMMAND["seed"], "command"),
+        "fixed.preset": (paper["preset"], "paper"),
+        "fixed.schedule": ("uniform", "paper"),  # k Laplacian heads in every layer
+        "fixed.drop_path": (paper["drop_path"], "paper"),
+        "fixed.optimizer": ({"fusedlamb": "lamb"}[COMMAND["opt"]], "command"),
+        "fixed.lr": (paper["lr"], "paper"),  # for the global batch: --unscale-lr
+        "fixed.weight_decay": (COMMAND["weight_decay"], "command"),
+        "fixed.batch_size": (COMMAND["batch"] * COMMAND["ngpus"] * COMMAND["nodes"], "command"),
+        "fixed.warmup_epochs": (COMMAND["warmup_epochs"], "command"),
+        "fixed.min_lr_ratio": (MAIN_PY["min_lr"] / paper["lr"], "main.py"),
+        "fixed.grad_clip": (0.0 if MAIN_PY["clip_grad"] is None else MAIN_PY["clip_grad"], "main.py"),
+        "fixed.precision": ("bf16", "project"),  # DeiT: fp16 autocast with a loss scaler
+        "fixed.loss": ("bce" if COMMAND["bce_loss"] else "ce", "command"),
+        "parameters.k": (paper["k"], "paper"),
+    }
+
+
+SPACE_RECIPES = {
+    "vit_cifar100_k_grid.yaml": {**recipe(PAPER["cifar100"]), "dataset.mean": (list(IMAGENET_MEAN), "main.py"),
+                                 "dataset.std": (list(IMAGENET_STD), "main.py")},
+    "vit_imagenet_k.yaml": {**recipe(PAPER["imagenet"]), "dataset.image_size": (PAPER["imagenet"]["image_size"],
+                                                                                "paper")},
+}
+STUDY_KEYS = {"name", "description", "task", "metric", "mode", "sampler", "scheduler", "geometry"}  # not training
+
+
+def _training_values(space: dict) -> dict[str, object]:
+    values = {key: value for key, value in space.items() if key not in STUDY_KEYS | {"dataset", "fixed", "parameters"}}
+    for section in ("dataset", "fixed", "parameters"):
+        values.update({f"{section}.{key}": value for key, value in space[section].items()})
+    return values
+
+
+def _comments(path: Path) -> dict[str, str]:
+    """The comment on each key's line, by dotted key (the top-level key a section's lines sit under)."""
+    comments, section = {}, None
+    for line in path.read_text().splitlines():
+        match = re.match(r"^(\s*)(\w+):\s*([^#]*?)\s*(?:#\s*(.*))?$", line)
+        if not match:
+            continue
+        indent, key, value, comment = match.groups()
+        if not indent:
+            section = key if not value else None
+        comments[f"{section}.{key}" if indent and section else key] = comment or ""
+    return comments
+
+
+@pytest.mark.parametrize("name", sorted(SPACE_RECIPES))
+def test_every_training_value_of_a_paper_space_is_its_sources_and_says_which(name):
+    expected, values, comments = SPACE_RECIPES[name], _training_values(_space(name)), _comments(SPACES / name)
+    assert set(values) == set(expected), "a value without a source, or a source's value missing"
+    for key, (value, source) in expected.items():
+        assert values[key] == (pytest.approx(value, rel=1e-4) if isinstance(value, float) else value), key
+        assert comments[key].startswith(f"{source}:"), (key, comments[key])
+
+
+@pytest.mark.parametrize("name", sorted(SPACE_RECIPES))
+def test_what_a_paper_space_leaves_to_the_defaults_is_the_sources_too(name):
+    space = load_space(SPACES / name)
+    paper = PAPER["cifar100" if "cifar" in name else "imagenet"]
+    data = space.dataset
+    assert (data.mix_prob, data.switch_prob) == (MAIN_PY["mixup_prob"], MAIN_PY["mixup_switch_prob"])
+    assert not MAIN_PY["src"] and tuple(data.crop_scale) == (0.08, 1.0)  # augment.py:95 random resized crop
+    assert (data.mean or IMAGENET_MEAN, data.std or IMAGENET_STD) == (IMAGENET_MEAN, IMAGENET_STD)
+    train = TrainConfig(**{key: value for key, value in space.fixed.items() if key in TRAIN_KEYS})
+    assert train.lr_decay == paper["sched"] == COMMAND["sched"]
+    assert train.eps == MAIN_PY["opt_eps"] and (train.beta1, train.beta2) == FUSED_LAMB["betas"]
+    vit = build_model({"preset": space.fixed["preset"], "drop_path": space.fixed["drop_path"]}, device="meta")
+    assert (vit.config.image_size, vit.config.patch_size) == (paper["image_size"], paper["patch_size"])
+    assert {b.drop_path1.p for b in vit.blocks} == {b.drop_path2.p for b in vit.blocks} == {paper["drop_path"]}
+    optimizer = build_optimizer(build_model({"preset": "vit_tiny"}), train, 1.0)
+    assert isinstance(optimizer, Lamb) and optimizer.max_grad_norm == FUSED_LAMB["max_grad_norm"]
+    assert all(g["eps"] == MAIN_PY["opt_eps"] and g["betas"] == FUSED_LAMB["betas"] for g in optimizer.param_groups)
+
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SPACES.glob("vit_*.yaml")))

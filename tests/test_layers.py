@@ -11,8 +11,10 @@ from study.tasks import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 # The command line imports each command's modules when that command runs, so that `--help` and a mistaken command
-# line answer without loading torch, Ray and MLflow: the one place imports inside functions are meant.
-LAZY_BY_DESIGN = {"study.cli"}
+# line answer without loading torch, Ray and MLflow; an evaluation imports the harness adapter when it runs, as the
+# adapter subclasses lm-evaluation-harness's model, an extra (`lm`) that a laptop install leaves out. The two places
+# imports inside functions are meant.
+LAZY_BY_DESIGN = {"study.cli", "study.evals.evaluate"}
 
 
 def _modules(package: str) -> dict[str, Path]:

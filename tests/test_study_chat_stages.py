@@ -42,6 +42,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "evals"
 BENCHMARK = {"tasks": ["arc_easy"], "limit": 8, "chat": True}
 GSM8K = Path(__file__).resolve().parent / "fixtures" / "chat" / "openai" / "gsm8k"
 SAMPLED = {"tasks": ["gsm8k_chat"], "include_path": [str(GSM8K)], "limit": 3, "num_samples": 2, "temperature": 1.0}
+# HumanEval runs the model's code: only because the study's command line says --allow-code-execution.
+CODE = {"tasks": ["humaneval"], "include_path": [str(FIXTURES)], "limit": 2, "chat": True}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +56,9 @@ def chat_study(tmp_path_factory, ray_address):
     task["dataset_kwargs"]["data_files"]["test"] = str(FIXTURES / "arc.jsonl")
     write_yaml(tasks / "arc_easy.yaml", task)
     stages = [*SPACE["stages"][:-1], {**SPACE["stages"][-1], "evaluate": [{**BENCHMARK, "include_path": ["eval_tasks"]},
-                                                                         SAMPLED]}]
-    study = one_trial_study(root, {**SPACE, "stages": stages}, ray_address, timeout=600)
+                                                                         SAMPLED, CODE]}]
+    study = one_trial_study(root, {**SPACE, "stages": stages}, ray_address, timeout=600,
+                            flags=("--allow-code-execution",))
     return {**study, "root": root, "tasks": tasks}
 
 
@@ -108,3 +111,16 @@ def test_sft_ends_with_gsm8k_sampled_nanochats_way_as_lapstudy_eval_samples_it(c
                       "--temperature", SAMPLED["temperature"], cwd=chat_study["root"])
     assert scored.returncode == 0, scored.stdout[-2000:] + scored.stderr[-2000:]
     assert f"eval_gsm8k_chat_pass_at_1: {passed:.6f}" in scored.stdout
+
+
+def test_the_command_lines_code_execution_flag_reaches_the_trials_humaneval(chat_study):
+    """`lapstudy run --allow-code-execution` is what lets the trial's HumanEval run inside Ray (the space cannot ask
+    for it); the trial's run config does not carry the decision, so `lapstudy train` of it needs the flag again."""
+    [(step, passed)] = metric_history(chat_study["uri"], chat_study["run"].info.run_id, "sft/eval_humaneval_pass_at_1")
+    assert step == PRETRAIN + MIDTRAIN + SFT and 0.0 <= passed <= 1.0
+    final = chat_study["rows"][-1]
+    config = chat_study["root"] / "studies" / "chat" / "trials" / f"{final['trial_id']}.yaml"
+    assert "allow_code_execution" not in config.read_text()
+    again = lapstudy("train", config, "--storage", "retrain", cwd=chat_study["root"], timeout=120)
+    assert again.returncode == 2 and "--allow-code-execution" in again.stderr, again.stderr
+    assert not (chat_study["root"] / "retrain").exists()

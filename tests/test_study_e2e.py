@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -155,6 +156,34 @@ def test_status_shows_every_trial(vit_study):
     assert "completed" in next(line for line in lines if line.startswith(_trial_for(vit_study["trials"], GOOD)))
     elsewhere = lapstudy("status", "~/studies/e2e", timeout=120, cwd=root.parent, home=root)
     assert elsewhere.returncode == 0 and elsewhere.stdout == status.stdout, elsewhere.stderr
+
+
+def test_status_and_export_answer_in_json_for_scripts(vit_study, tmp_path):
+    """`status --json` holds what Ray recorded of every trial (its last row, read here from the trial folders);
+    `export --json` names each file written with the trial and value its provenance holds."""
+    root = vit_study["root"]
+    status = lapstudy("status", "studies/e2e", "--json", timeout=120, cwd=root)
+    assert status.returncode == 0, status.stderr
+    document = json.loads(status.stdout)
+    assert document["study"] == "e2e" and document["metric"] == {"val_acc": "max"}
+    trials = {t["trial_id"]: t for t in document["trials"]}
+    assert set(trials) == set(vit_study["trials"])
+    for trial_id, rows in vit_study["trials"].items():
+        assert trials[trial_id]["epochs"] == rows[-1]["epoch"]
+        assert trials[trial_id]["metrics"]["val_acc"] == rows[-1]["val_acc"]
+        assert trials[trial_id]["params"]["lr"] == rows[0]["config"]["lr"]
+    assert trials[_trial_for(vit_study["trials"], BAD)]["status"] == "early_stopped"
+    export = lapstudy("export", "studies/e2e", "--top", "2", "--json", "--out", tmp_path, timeout=120, cwd=root)
+    assert export.returncode == 0, export.stderr
+    written = json.loads(export.stdout)["exported"]
+    completed = sorted((rows[-1]["val_acc"], tid) for tid, rows in vit_study["trials"].items()
+                       if rows[-1]["epoch"] == EPOCHS)
+    assert [(entry["rank"], entry["trial_id"]) for entry in written] == [
+        (rank, tid) for rank, (_, tid) in enumerate(reversed(completed[-2:]), start=1)]
+    for entry in written:
+        provenance = yaml.safe_load(Path(entry["path"]).read_text())["provenance"]
+        assert entry["trial_id"] == provenance["trial_id"] and entry["value"] == provenance["value"]
+        assert entry["value"]["val_acc"] == vit_study["trials"][entry["trial_id"]][-1]["val_acc"]
 
 
 def test_sync_finds_mlflow_in_order(vit_study):

@@ -88,7 +88,9 @@ def _language_model_space(**changes) -> dict:
 
 
 @pytest.mark.parametrize("evaluate, words", [
-    ({"tasks": ["humaneval"]}, ["evaluate", "allow_code_execution: true"]),
+    # Running model-written code is the command line's decision (--allow-code-execution), never a file's.
+    ({"tasks": ["humaneval"], "allow_code_execution": True}, ["evaluate.0", "allow_code_execution",
+                                                             "--allow-code-execution"]),
     ({"tasks": []}, ["evaluate.0.tasks", "at least 1"]),
     ({"tasks": ["mmlu"], "limit": 0}, ["evaluate.0.limit"]),
     ({"tasks": ["gsm8k_chat"], "num_samples": 10}, ["evaluate", "temperature", "num_samples 10"]),

@@ -190,7 +190,7 @@ def test_dino_teacher_changes_only_by_the_moving_average_of_the_student():
     train = TrainConfig(lr=1e-3, weight_decay=0.04)
     optimizer = build_optimizer(model, train, 1.0)
     state = TrainState(model, model, optimizer, build_schedule(optimizer, train, 4, 2))
-    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters=options)
+    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters={**options, **train.model_dump()})
     assert not any(p.requires_grad for p in model.teacher.parameters())
     teacher_before = [p.clone() for p in model.teacher.parameters()]
     crops = [torch.randn(6, 1, 8, 8) for _ in range(2)] + [torch.randn(6, 1, 4, 4) for _ in range(3)]

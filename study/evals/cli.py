@@ -9,7 +9,7 @@ import re
 import time
 
 from study.errors import UserError
-from study.evals.evaluate import HUMANEVAL, OWN_TASKS, check_tasks, evaluate_model
+from study.evals.evaluate import HUMANEVAL, OWN_TASKS, check_tasks, evaluate_model, require_harness
 from study.evals.load import load_model
 from study.evals.sandbox import CodeExecutionNotAllowed
 
@@ -49,6 +49,7 @@ def check_flags(args) -> list[str]:
 
 
 def run_eval(args) -> int:
+    require_harness("lapstudy eval")
     tasks = check_flags(args)
     check_tasks(tasks, args.include_path)  # fails fast (offline, unknown) before the model is loaded
     model, tokenizer, spec = load_model(args.run, args.checkpoint, device=args.device)

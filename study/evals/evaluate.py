@@ -5,7 +5,7 @@ adapter), with its task definitions: the harness's own, or YAML configs in `incl
 precedence over a harness task of the same name (so `--include-path` gives `arc_easy` over a local copy of the data).
 A harness task reads its data from the Hugging Face hub; when the hub cannot be reached such a task fails before
 anything runs, naming `--include-path`. `humaneval` runs through study/evals/humaneval.py (generation by the adapter,
-execution by the sandbox), and only with `allow_code_execution`; `gsm8k_chat`, GSM8K as nanochat scores a chat model
+execution by the sandbox), and only where the command line says `--allow-code-execution`; `gsm8k_chat`, GSM8K as nanochat scores a chat model
 (sampled completions with the calculator tool, pass@k), through study/evals/gsm8k.py.
 """
 
@@ -18,14 +18,24 @@ from pathlib import Path
 from study.data.hub import hub_reachable
 from study.errors import UserError
 from study.evals import gsm8k
-from study.evals.harness import LapstudyLM
 from study.evals.load import tokenizer_for
-from study.evals.humaneval import evaluate_humaneval, find_problem_file, load_problems
+from study.evals.humaneval import TASK as HUMANEVAL
+from study.evals.humaneval import evaluate_humaneval, evaluations, find_problem_file, load_problems
 from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
 from study.runspec import EvaluationSpec
 
-HUMANEVAL = "humaneval"
 OWN_TASKS = (HUMANEVAL, gsm8k.TASK)  # not lm_eval's: this project's definitions
+
+
+def require_harness(asker: str) -> None:
+    """A UserError naming pyproject.toml's `lm` extra when lm-evaluation-harness is not installed: every evaluation
+    runs through its model interface (study/evals/harness.py), and the laptop install (make quickstart) leaves it
+    out."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise UserError(f"{asker}: language-model evaluations need lm-evaluation-harness, which is not installed: "
+                        "pip install 'lapstudy[lm]'") from None
 
 
 def metric_name(task: str, metric: str, filter_name: str = "none") -> str:
@@ -72,6 +82,9 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
     `limit`: the first N examples of each task. `num_samples`, `temperature`: the samples per problem of HumanEval and
     gsm8k_chat (pass@k for k in 1, 10 up to num_samples). `include_defaults=False` keeps to the tasks of
     `include_path`."""
+    require_harness("evaluate")
+    from study.evals.harness import LapstudyLM
+
     tasks = list(dict.fromkeys(tasks))
     if HUMANEVAL in tasks and allow_code_execution is not True:
         raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
@@ -132,19 +145,23 @@ def check_tasks(tasks: list[str], include_path: Iterable[Path]) -> None:
 
 def check_evaluations(run) -> None:
     """check_tasks for every `evaluate:` entry of a run config or a space, its first stage's and each later one's."""
-    for evaluation in [*run.evaluate, *(entry for stage in run.stages for entry in stage.evaluate)]:
+    entries = [evaluation for _, evaluation in evaluations(run)]
+    if entries:
+        require_harness("evaluate")
+    for evaluation in entries:
         check_tasks(evaluation.tasks, evaluation.include_path)
 
 
-def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int,
+def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int, allow_code_execution: bool,
                    log: Callable[[str], None] = print) -> dict[str, float]:
-    """A stage's benchmarks (its `evaluate:`) on the model it trained, read with its data's tokenizer."""
+    """A stage's benchmarks (its `evaluate:`) on the model it trained, read with its data's tokenizer;
+    `allow_code_execution`: what the command line that started the run allowed."""
     tokenizer = tokenizer_for(dataset, model.config.vocab_size, "evaluate")
     return evaluate_model(model, tokenizer, evaluation.tasks, include_path=evaluation.include_path,
-                          limit=evaluation.limit, allow_code_execution=evaluation.allow_code_execution,
+                          limit=evaluation.limit, allow_code_execution=allow_code_execution,
                           num_samples=evaluation.num_samples, temperature=evaluation.temperature,
                           num_fewshot=evaluation.num_fewshot, apply_chat_template=evaluation.chat, seed=seed, log=log)
 
 
 __all__ = ["ALLOW_FLAG", "HUMANEVAL", "OWN_TASKS", "check_evaluations", "check_tasks", "evaluate_model",
-           "evaluate_stage", "harness_task_manager", "metric_name"]
+           "evaluate_stage", "harness_task_manager", "metric_name", "require_harness"]

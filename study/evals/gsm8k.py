@@ -24,7 +24,7 @@ from study.data.chat import render_conversation
 from study.data.hub import hub_reachable
 from study.data.text import CHAT_SPECIAL_TOKENS
 from study.errors import UserError
-from study.evals.harness import TextTokenizer
+from study.evals.text_tokenizer import TextTokenizer
 
 TASK = "gsm8k_chat"
 HUB_DATASET, HUB_CONFIG = "openai/gsm8k", "main"

@@ -32,40 +32,12 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from models.gpt import sample_next_token
 from study.evals.load import load_model
+from study.evals.text_tokenizer import TextTokenizer
 
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-
-
-class TextTokenizer:
-    """String in, token ids out, and back: the project's `Tokenizer` (study/data/text.py) for one text at a time."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    @property
-    def name(self) -> str:
-        return self.tokenizer.name
-
-    @property
-    def eot(self) -> int:
-        return self.tokenizer.eot
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode([text])[0].tolist()
-
-    def decode(self, ids: list[int]) -> str:
-        ids = [i for i in ids if i != self.eot]
-        if self.tokenizer.kind == "byte":
-            return bytes(ids).decode("utf-8", errors="replace")
-        # the tiktoken Encoding the Tokenizer builds and caches per process (it has no decode of its own)
-        return self.tokenizer._encoding.decode_bytes(ids).decode("utf-8", errors="replace")
 
 
 @register_model("lapstudy")

@@ -18,9 +18,26 @@ from study.data.hub import hub_reachable
 from study.errors import UserError
 from study.evals.sandbox import CodeExecutionNotAllowed, Limits, mean_pass_at_k, run_programs
 
+TASK = "humaneval"
 FILE_NAMES = ("humaneval.jsonl", "humaneval.jsonl.gz", "HumanEval.jsonl.gz")
 STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]  # lm_eval's tasks/humaneval/humaneval.yaml
 HUB_DATASET = "openai/openai_humaneval"
+FIELDS = ("task_id", "prompt", "test", "entry_point")
+
+
+def check_code_execution(run, allow_code_execution: bool, where: str) -> None:
+    """CodeExecutionNotAllowed when an `evaluate:` entry of a run config or a space (`where` names it) asks for
+    HumanEval and the command line did not allow running the model's code (checked before anything starts)."""
+    for place, evaluation in evaluations(run):
+        if TASK in evaluation.tasks and not allow_code_execution:
+            raise CodeExecutionNotAllowed(f"{where}: {place}.tasks {TASK}")
+
+
+def evaluations(run) -> list:
+    """(where it is written, entry) of every `evaluate:` entry of a run config or a space."""
+    return [*((f"evaluate[{i}]", e) for i, e in enumerate(run.evaluate)),
+            *((f"stages[{s}].evaluate[{i}]", e) for s, stage in enumerate(run.stages)
+              for i, e in enumerate(stage.evaluate))]
 
 
 def find_problem_file(include_paths: list[Path]) -> Path | None:
@@ -42,15 +59,37 @@ def load_problems(path: Path | None) -> list[dict]:
         import datasets
 
         return [dict(row) for row in datasets.load_dataset(HUB_DATASET, split="test")]
+    return [_problem(line, path, number) for number, line in enumerate(_lines(path), start=1) if line.strip()]
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines, a .gz one decompressed; a UserError naming the file when it cannot be read as text."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        problems = [json.loads(line) for line in f if line.strip()]
-    for number, problem in enumerate(problems, start=1):
-        missing = [k for k in ("task_id", "prompt", "test", "entry_point") if k not in problem]
-        if missing:
-            raise UserError(f"{path}: problem {number} lacks {', '.join(missing)} (HumanEval's fields: task_id, "
-                            "prompt, test, entry_point)")
-    return problems
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return f.readlines()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # gzip.BadGzipFile is an OSError
+        what = "gzip-compressed UTF-8 text" if path.suffix == ".gz" else "UTF-8 text"
+        raise UserError(f"{path}: cannot be read as {what} ({' '.join(str(exc).split())}); a HumanEval problem file "
+                        "is JSON lines (openai/human-eval's HumanEval.jsonl.gz)") from None
+
+
+def _problem(line: str, path: Path, number: int) -> dict:
+    """One JSON line: a problem with HumanEval's fields."""
+    try:
+        problem = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: line {number} is not JSON ({exc.msg} at column {exc.colno}); a HumanEval problem "
+                        "file holds one JSON object per line") from None
+    if not isinstance(problem, dict):
+        kind = {"int": "a number", "float": "a number", "str": "a string", "list": "a list"}.get(
+            type(problem).__name__, json.dumps(problem))
+        raise UserError(f"{path}: line {number} is {kind}, not a problem (a JSON object with {', '.join(FIELDS)})")
+    missing = [k for k in FIELDS if k not in problem]
+    if missing:
+        raise UserError(f"{path}: the problem on line {number} lacks {', '.join(missing)} (HumanEval's fields: "
+                        f"{', '.join(FIELDS)})")
+    return problem
 
 
 def program(problem: dict, completion: str) -> str:

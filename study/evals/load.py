@@ -21,6 +21,7 @@ import models
 from study.data.text import Tokenizer, resolve_tokenizer
 from study.errors import UserError
 from study.runspec import load_run_spec
+from study.yamlio import load_yaml
 
 CHECKPOINT_FILE = "state.pt"  # study/state.py's (not imported: that module imports Ray)
 
@@ -104,10 +105,8 @@ def _config_of_run_folder(folder: Path) -> Path:
 def _run_folders_of_config(config: Path) -> list[Path]:
     folders = [config.parent / config.stem]
     try:
-        import yaml
-
-        trial_id = ((yaml.safe_load(config.read_text()) or {}).get("provenance") or {}).get("trial_id")
-    except Exception:
+        trial_id = ((load_yaml(config, "run config") or {}).get("provenance") or {}).get("trial_id")
+    except (UserError, AttributeError):  # not a run config: load_run_spec says why
         trial_id = None
     if trial_id:
         folders.append(config.parent.parent / "train" / f"trial_{trial_id}")

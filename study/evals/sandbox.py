@@ -48,8 +48,12 @@ Limit = Literal["cpu", "wall", "memory", "file_size", "sandbox", None]
 
 class CodeExecutionNotAllowed(UserError):
     def __init__(self, what: str = "HumanEval"):
+        self.what = what
         super().__init__(f"{what} executes model-generated code; pass {ALLOW_FLAG} to allow it (each sample runs in "
                          "a limited subprocess, see docs/evals.md)", field=ALLOW_FLAG)
+
+    def __reduce__(self):  # raised in a Ray worker, it travels pickled: rebuilt from `what`, not from its message
+        return type(self), (self.what,)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ images as evaluated are the bank, the validation images the queries. A linear pr
 later stages of the run (study/tasks/linear_probe.py, segmentation_probe.py), from the teacher's backbone.
 
 Hyperparameters: the model keys and training keys as for any ViT (`lr` the peak for the global batch, which DINO
-scales from 0.0005 per 256 images; `weight_decay` the start of DINO's weight-decay schedule; `warmup_epochs`;
-`min_lr_ratio`; `grad_clip` clips each parameter's gradient norm, DINO's clip_gradients, not the global norm), and
+scales from 0.0005 per 256 images, on DINO's own schedule: a linear warm-up from 0 over `warmup_epochs`, then a
+cosine to `lr` x `min_lr_ratio`, so `lr_decay` is not used; `weight_decay` the start of DINO's weight-decay schedule;
+`grad_clip` clips each parameter's gradient norm, DINO's clip_gradients, not the global norm), and
 the `dino_*` keys below. The crops (how many local ones, their scales and size) are the dataset's
 (`augment: dino_multicrop`, docs/data.md).
 """
@@ -142,15 +143,19 @@ class DINO(Task):
         return {"samples": len(batch["label"])}
 
     def train_step(self, state, batch, settings):
-        """main_dino.py:303-350: the learning rate follows the run's schedule, the weight decay of the regularised
-        parameters DINO's cosine schedule, the teacher temperature its warm-up; after the backward, per-parameter
-        gradient clipping and, in the first epochs, no update of the head's last layer; after the step, the
-        teacher's EMA update with the momentum schedule."""
+        """main_dino.py:303-350: the learning rate, the weight decay of the regularised parameters and the teacher
+        momentum follow DINO's cosine schedules (:238-251), set before the step as DINO sets them (so the run's
+        LambdaLR is not stepped), the teacher temperature its warm-up; after the backward, per-parameter gradient
+        clipping and, in the first epochs, no update of the head's last layer; after the step, the teacher's EMA
+        update."""
         option, step = self.option, state.step
         epoch = step // settings.steps_per_epoch
         if not hasattr(self, "_weight_decay"):
-            start = next(g["weight_decay"] for g in state.optimizer.param_groups if g.get("regularized"))
-            self._weight_decay = cosine_schedule(start, option.dino_weight_decay_end, settings.epochs,
+            lr, run = self.hyperparameters["lr"], self.hyperparameters
+            self._lr = cosine_schedule(lr, lr * run["min_lr_ratio"], settings.steps_per_epoch * settings.epochs, 1,
+                                       round(run["warmup_epochs"] * settings.steps_per_epoch))  # warm-up in steps
+            # from the run's keys, not the groups: a resumed optimiser's groups hold the last scheduled decay
+            self._weight_decay = cosine_schedule(run["weight_decay"], option.dino_weight_decay_end, settings.epochs,
                                                  settings.steps_per_epoch)
             self._momentum = cosine_schedule(option.dino_momentum_teacher, 1.0, settings.epochs,
                                              settings.steps_per_epoch)
@@ -159,6 +164,7 @@ class DINO(Task):
                 np.linspace(option.dino_warmup_teacher_temp, option.dino_teacher_temp, warm),
                 np.full(max(settings.epochs - warm, 1), option.dino_teacher_temp)))
         for group in state.optimizer.param_groups:
+            group["lr"] = float(self._lr[step]) * group["lr_scale"]
             if group.get("regularized"):
                 group["weight_decay"] = float(self._weight_decay[step])
         model = state.model
@@ -172,7 +178,6 @@ class DINO(Task):
             clip_each_gradient_(model.student, settings.grad_clip)
         cancel_last_layer_gradients(model.student.head, epoch, option.dino_freeze_last_layer)
         state.optimizer.step()
-        state.scheduler.step()
         ema_update_(model.teacher, model.student, float(self._momentum[step]))
         state.step += 1
         return loss.detach()
@@ -265,7 +270,9 @@ class DINO(Task):
 
 @torch.no_grad()
 def clip_each_gradient_(module: nn.Module, clip: float) -> None:
-    """utils.clip_gradients: scale each parameter's gradient to norm at most `clip`, separately."""
+    """utils.py:132-141 clip_gradients: scale each parameter's gradient to norm at most `clip` (by clip / (norm +
+    1e-6)), separately. The student's parameters are DINO's one for one, the position embedding of the class token
+    and of the patches one tensor (`class_pos_embed`), so each is clipped as DINO clips it."""
     for p in module.parameters():
         if p.grad is not None:
             norm = p.grad.norm(2)
