@@ -186,6 +186,35 @@ def test_status_and_export_answer_in_json_for_scripts(vit_study, tmp_path):
         assert entry["value"]["val_acc"] == vit_study["trials"][entry["trial_id"]][-1]["val_acc"]
 
 
+def test_the_optuna_journal_shows_what_status_shows(vit_study):
+    """What optuna-dashboard shows, read from the study's journal with Optuna's own API: one Optuna trial per Tune
+    trial, in the state `lapstudy status` names (the trial ASHA stopped PRUNED, not COMPLETE with its epoch-2 value),
+    an intermediate value at every epoch Ray recorded, the final value only for trials that ran every epoch, and the
+    Tune trial id and MLflow run id as user attributes."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from study.search import JOURNAL_FILE
+
+    status = lapstudy("status", "studies/e2e", "--json", timeout=120, cwd=vit_study["root"])
+    assert status.returncode == 0, status.stderr
+    named = {t["trial_id"]: t["status"] for t in json.loads(status.stdout)["trials"]}
+    journal = JournalStorage(JournalFileBackend(str(vit_study["dir"] / JOURNAL_FILE)))
+    trials = optuna.load_study(study_name="e2e", storage=journal).trials
+    by_tune_id = {t.user_attrs["tune_trial_ids"][0]: t for t in trials}
+    assert len(trials) == len(by_tune_id) and set(by_tune_id) == set(vit_study["trials"])
+    state_of = {"completed": optuna.trial.TrialState.COMPLETE, "early_stopped": optuna.trial.TrialState.PRUNED}
+    assert set(named.values()) == set(state_of), named  # GOOD runs to the end, ASHA stops BAD at its first rung
+    for trial_id, rows in vit_study["trials"].items():
+        trial = by_tune_id[trial_id]
+        assert trial.state is state_of[named[trial_id]], (trial_id, trial.state)
+        assert trial.params == {k: rows[0]["config"][k] for k in ("lr", "k")}
+        assert trial.intermediate_values == {r["epoch"]: r["val_acc"] for r in rows}
+        assert trial.value == rows[-1]["val_acc"]  # a pruned trial's value is its last intermediate one
+        assert trial.user_attrs["mlflow_run_ids"] == [_run_of(vit_study, trial_id).info.run_id]
+
+
 def test_sync_finds_mlflow_in_order(vit_study):
     done = lapstudy("sync", "./studies/e2e", timeout=120, cwd=vit_study["root"])
     assert done.returncode == 0 and "match Ray's records" in done.stdout, done.stdout + done.stderr
