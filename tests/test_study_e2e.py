@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fault_fixtures import ray_without_dashboard
+from fault_fixtures import ray_without_dashboard, study_run
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -213,6 +213,27 @@ def test_the_optuna_journal_shows_what_status_shows(vit_study):
         assert trial.intermediate_values == {r["epoch"]: r["val_acc"] for r in rows}
         assert trial.value == rows[-1]["val_acc"]  # a pruned trial's value is its last intermediate one
         assert trial.user_attrs["mlflow_run_ids"] == [_run_of(vit_study, trial_id).info.run_id]
+
+
+def test_the_study_run_holds_the_best_trial_and_links_its_run(vit_study):
+    """The study's own MLflow run says what the study found: the best full-length trial's metrics as best/<metric>,
+    its trial id and run id as tags, and a link to its run in the run's note (its description in the UI)."""
+    parent = study_run(vit_study["uri"], "e2e")
+    full_length = {tid: rows[-1] for tid, rows in vit_study["trials"].items() if rows[-1]["epoch"] == EPOCHS}
+    best = max(full_length, key=lambda tid: full_length[tid]["val_acc"])
+    run = _run_of(vit_study, best)
+    assert parent["metrics"]["best/val_acc"] == full_length[best]["val_acc"]
+    assert parent["tags"]["lapstudy.best_trial_ids"] == best
+    assert parent["tags"]["lapstudy.best_run_ids"] == run.info.run_id
+    note = parent["tags"]["mlflow.note.content"]
+    assert f"[trial {best}](#/experiments/{run.info.experiment_id}/runs/{run.info.run_id})" in note
+    assert f"val_acc {full_length[best]['val_acc']:.4f}" in note
+    # and each trial's run names its data as an MLflow dataset input, not as flattened params
+    from mlflow.tracking import MlflowClient
+
+    [given] = MlflowClient(vit_study["uri"]).get_run(run.info.run_id).inputs.dataset_inputs
+    assert given.dataset.name == "digits" and given.dataset.source_type == "code"
+    assert not [key for key in run.data.params if key.startswith("dataset.")], run.data.params
 
 
 def test_sync_finds_mlflow_in_order(vit_study):

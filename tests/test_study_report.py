@@ -160,6 +160,19 @@ def test_the_optuna_journal_holds_each_configurations_replicate_mean(study):
     assert f"from the {len(configurations)} configurations that ran every epoch of every replicate." in report
 
 
+def test_the_study_run_holds_the_best_configurations_mean_and_links_its_runs(study):
+    parent = study_run(f"sqlite:///{study.dir / 'mlflow.db'}", "replicated")
+    configurations = _configurations(study.rows)
+    means = {g["id"]: float(np.mean([r["val_acc"] for r in g["final"].values()])) for g in configurations.values()}
+    best = configurations[max(means, key=means.get)]
+    assert parent["metrics"]["best/val_acc"] == pytest.approx(means[best["id"]], abs=1e-12)
+    trials = [best["trials"][seed] for seed in (0, 1)]
+    assert sorted(parent["tags"]["lapstudy.best_trial_ids"].split(",")) == sorted(trials)
+    runs = {r["tags"]["lapstudy.trial_id"]: r["run_id"] for trial_runs in study.mlflow.values() for r in trial_runs}
+    assert sorted(parent["tags"]["lapstudy.best_run_ids"].split(",")) == sorted(runs[t] for t in trials)
+    assert "(mean of 2 seeds)" in parent["tags"]["mlflow.note.content"]
+
+
 def test_status_groups_the_replicates(study):
     assert study.status.returncode == 0, study.status.stderr
     text = study.status.stdout
