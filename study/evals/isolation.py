@@ -1,0 +1,117 @@
+"""The operating system's containment of one process: bubblewrap (`bwrap`) with namespaces of its own.
+
+`command(argv, scratch_mb)` wraps an interpreter command line so that it runs:
+
+- in new user, PID, network, mount, IPC, UTS and cgroup namespaces, nested user namespaces disabled: no network
+  device but a loopback of its own, no process of the host visible (a fresh /proc of its PID namespace, /proc/sys
+  read-only), no System V IPC or abstract socket of the host;
+- as uid/gid 65534 inside, all capabilities dropped, no_new_privs (bwrap sets it), in a session of its own (no
+  TIOCSTI into the caller's terminal), and killed with its whole PID namespace when bwrap dies (--die-with-parent:
+  the namespace's init is killed, and the kernel kills everything else in it, setsid'd or not);
+- over a root that holds, read-only, /usr (shared libraries), the interpreter and its standard library, and
+  nothing else: not the project, not a virtual environment, not a home, not /etc; the interpreter's own
+  site-packages hidden under an empty read-only tmpfs; the root itself read-only;
+- with a private tmpfs of `scratch_mb` MiB at /tmp as its working directory, HOME and TMPDIR (gone with the
+  namespace), a minimal /dev (null, zero, full, random, urandom, tty; /dev/shm a small tmpfs), and an
+  environment built from nothing.
+
+`require()` refuses, with one line naming what is missing, where bubblewrap or user namespaces are not available:
+nothing falls back to a weaker sandbox.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+from study.errors import UserError
+
+SANDBOX_UID = 65534  # "nobody" inside the namespaces
+SCRATCH = "/tmp"
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": SCRATCH, "TMPDIR": SCRATCH, "LANG": "C.UTF-8",
+       "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# bwrap's own environment: its pid-1 reaper keeps it, and /proc/1/environ is readable inside
+BWRAP_ENV = {"PATH": "/usr/bin:/bin"}
+INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
+USERNS_HINT = ("unprivileged user namespaces must be allowed: sysctl kernel.unprivileged_userns_clone=1 and "
+               "user.max_user_namespaces > 0 (on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0); "
+               "a container needs them allowed by its runtime (e.g. docker run --security-opt seccomp=unconfined)")
+
+
+class SandboxUnavailable(UserError):
+    """Model-generated code cannot be contained here; HumanEval refuses rather than run it less contained."""
+
+
+def interpreter() -> str:
+    """The real interpreter behind this one (a virtual environment's python is a link to it)."""
+    return os.path.realpath(sys.executable)
+
+
+def _root_binds() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):  # a merged-/usr system: /lib -> usr/lib
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args
+
+
+def _interpreter_binds() -> list[str]:
+    """The interpreter, its standard library and shared libraries (prefix/lib), unless /usr holds them already;
+    its site-packages hidden."""
+    exe = interpreter()
+    args = [] if exe.startswith("/usr/") else ["--ro-bind", exe, exe]
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for prefix in dict.fromkeys((sys.base_prefix, sys.base_exec_prefix)):
+        lib = os.path.join(prefix, "lib")
+        if not lib.startswith("/usr/") and os.path.isdir(lib):
+            args += ["--ro-bind", lib, lib]
+        for site in (os.path.join(lib, version, "site-packages"), os.path.join(lib, version, "dist-packages")):
+            if os.path.isdir(site):
+                args += ["--tmpfs", site, "--remount-ro", site]
+    return args
+
+
+def command(argv: list[str], scratch_mb: int) -> list[str]:
+    """bwrap's command line running `argv` (an interpreter command) contained as the module docstring says."""
+    env = [arg for name, value in ENV.items() for arg in ("--setenv", name, value)]
+    proc_extra = ["--ro-bind", "/proc/pressure", "/proc/pressure"] if os.path.isdir("/proc/pressure") else []
+    return ["bwrap",
+            "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
+            "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            *_root_binds(), *_interpreter_binds(),
+            # the kernel's sysctls are global: a root-mapped uid could write them through a writable /proc/sys
+            "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", *proc_extra,
+            "--dev", "/dev", "--size", str(16 << 20), "--tmpfs", "/dev/shm",
+            "--size", str(scratch_mb << 20), "--tmpfs", SCRATCH, "--chdir", SCRATCH,
+            "--remount-ro", "/",
+            "--clearenv", *env,
+            "--", *argv]
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> str:
+    """"" when a contained interpreter starts here, else why not (cached: it is asked before every evaluation)."""
+    try:
+        done = subprocess.run(command([interpreter(), "-I", "-S", "-c", "pass"], 1), env=BWRAP_ENV, cwd="/",
+                              capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}"
+    except subprocess.TimeoutExpired:
+        return "bubblewrap did not start a contained interpreter within 60 s"
+    if done.returncode != 0:
+        said = " ".join((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1].split())[:300]
+        return f"bubblewrap cannot contain a process here ({said}); {USERNS_HINT}"
+    return ""
+
+
+def require(what: str = "HumanEval") -> None:
+    """SandboxUnavailable, in one line, unless processes can be contained here."""
+    why = _probe()
+    if why:
+        _probe.cache_clear()  # a fix (installing bwrap) is seen by the next attempt
+        raise SandboxUnavailable(f"{what} runs model-generated code only inside a bubblewrap sandbox: {why}")
