@@ -7,7 +7,8 @@
   read-only), no System V IPC or abstract socket of the host;
 - as uid/gid 65534 inside, all capabilities dropped, no_new_privs (bwrap sets it), in a session of its own (no
   TIOCSTI into the caller's terminal), and killed with its whole PID namespace when bwrap dies (--die-with-parent:
-  the namespace's init is killed, and the kernel kills everything else in it, setsid'd or not);
+  the program dies with its parent, the namespace's init, and when the init dies the kernel kills everything
+  else in the namespace, setsid'd or not; `kill` ends a sandbox so, and waits until the namespace is empty);
 - over a root that holds, read-only, /usr (shared libraries), the interpreter and its standard library, and
   nothing else: not the project, not a virtual environment, not a home, not /etc; the interpreter's own
   site-packages hidden under an empty read-only tmpfs; the root itself read-only;
@@ -22,7 +23,10 @@ nothing falls back to a weaker sandbox.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
 
@@ -75,14 +79,16 @@ def _interpreter_binds() -> list[str]:
     return args
 
 
-def command(argv: list[str], scratch_mb: int) -> list[str]:
-    """bwrap's command line running `argv` (an interpreter command) contained as the module docstring says."""
+def command(argv: list[str], scratch_mb: int, info_fd: int | None = None) -> list[str]:
+    """bwrap's command line running `argv` (an interpreter command) contained as the module docstring says;
+    `info_fd`: where bwrap writes {"child-pid": the host pid of the namespace's init, ...} once it is set up."""
     env = [arg for name, value in ENV.items() for arg in ("--setenv", name, value)]
     proc_extra = ["--ro-bind", "/proc/pressure", "/proc/pressure"] if os.path.isdir("/proc/pressure") else []
     return ["bwrap",
             "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
             "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            *(["--info-fd", str(info_fd)] if info_fd is not None else []),
             *_root_binds(), *_interpreter_binds(),
             # the kernel's sysctls are global: a root-mapped uid could write them through a writable /proc/sys
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", *proc_extra,
@@ -91,6 +97,68 @@ def command(argv: list[str], scratch_mb: int) -> list[str]:
             "--remount-ro", "/",
             "--clearenv", *env,
             "--", *argv]
+
+
+class Contained:
+    """A running sandbox: bwrap's process, and a pidfd of its namespace's init (None if it never started)."""
+
+    def __init__(self, proc: subprocess.Popen, info_read: int):
+        self.proc, self.init = proc, None
+        text = b""
+        try:  # bwrap writes one JSON object and closes the pipe (unwritten when it fails)
+            while chunk := os.read(info_read, 4096):
+                text += chunk
+        finally:
+            os.close(info_read)
+        try:
+            info = json.loads(text or b"{}")
+        except ValueError:
+            info = {}
+        try:
+            init = os.pidfd_open(info["child-pid"])
+        except (KeyError, ProcessLookupError):
+            return
+        try:  # the pidfd pins the process; the namespace proves that the pid was not reused meanwhile
+            same = os.stat(f"/proc/{info['child-pid']}/ns/pid").st_ino == info.get("pid-namespace")
+        except OSError:
+            same = False
+        if same:
+            self.init = init
+        else:
+            os.close(init)
+
+    def kill(self) -> None:
+        """SIGKILL the init (the kernel then kills all else in the namespace) and bwrap; return once the
+        namespace is empty (an init's exit completes only after every other process in it has gone)."""
+        if self.init is not None:
+            try:
+                signal.pidfd_send_signal(self.init, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            select.select([self.init], [], [], 10.0)
+            os.close(self.init)
+            self.init = None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+
+
+def start(argv: list[str], scratch_mb: int, *, stdin, stdout, stderr, pass_fds: tuple[int, ...]) -> Contained:
+    """`argv` started contained (bwrap's own environment minimal too: its init's /proc/1/environ is readable)."""
+    info_read, info_write = os.pipe()
+    try:
+        proc = subprocess.Popen(command(argv, scratch_mb, info_write), stdin=stdin, stdout=stdout, stderr=stderr,
+                                cwd="/", env=BWRAP_ENV, start_new_session=True, pass_fds=(*pass_fds, info_write),
+                                close_fds=True)
+    except BaseException:
+        os.close(info_read)
+        raise
+    finally:
+        os.close(info_write)
+    return Contained(proc, info_read)
 
 
 @functools.lru_cache(maxsize=1)

@@ -136,20 +136,20 @@ def _run(sample: Sample, limits: Limits) -> ExecutionResult:
                   "calls_fd": calls_write, "answers_fd": answers_read, "status_fd": check_status_write,
                   "answer_bytes": limits.answer_bytes}
     start = time.monotonic()
-    procs: list[subprocess.Popen] = []
+    sandboxes: list[isolation.Contained] = []
     with tempfile.TemporaryDirectory(prefix="lapstudy-sandbox-out-") as captured:  # the parent's; never bound
         try:
             with open(os.path.join(captured, "stdout"), "wb") as out, \
                     open(os.path.join(captured, "stderr"), "wb") as err, \
                     open(os.devnull, "wb") as discard:
-                procs.append(_start("sample", sample_spec, (calls_read, answers_write, sample_status_write), out, err,
+                sandboxes.append(_start("sample", sample_spec, (calls_read, answers_write, sample_status_write), out, err,
                                     limits))
-                procs.append(_start("check", check_spec, (calls_write, answers_read, check_status_write), discard,
+                sandboxes.append(_start("check", check_spec, (calls_write, answers_read, check_status_write), discard,
                                     discard, limits))
                 for fd in (calls_read, answers_write, sample_status_write, calls_write, answers_read,
                            check_status_write):
                     os.close(fd)
-                sample_proc, check_proc = procs
+                sample_proc, check_proc = (s.proc for s in sandboxes)
                 timed_out = False
                 try:
                     check_proc.wait(timeout=max(0.0, limits.wall_s - (time.monotonic() - start)))
@@ -157,16 +157,16 @@ def _run(sample: Sample, limits: Limits) -> ExecutionResult:
                     sample_proc.wait(timeout=max(0.0, min(1.0, limits.wall_s - (time.monotonic() - start))))
                 except subprocess.TimeoutExpired:
                     timed_out = check_proc.poll() is None
-                for proc in procs:
-                    _kill(proc)
+                for contained in sandboxes:
+                    contained.kill()
             seconds = time.monotonic() - start
             check_status = _read_status(check_status_read)
             sample_status = _read_status(sample_status_read)
             stdout, stderr = (_read_tail(os.path.join(captured, name), limits.output_chars)
                               for name in ("stdout", "stderr"))
         finally:
-            for proc in procs:
-                _kill(proc)
+            for contained in sandboxes:
+                contained.kill()
             for fd in (check_status_read, sample_status_read):
                 try:
                     os.close(fd)
@@ -178,26 +178,16 @@ def _run(sample: Sample, limits: Limits) -> ExecutionResult:
                            scrub(stdout)[-limits.output_chars:], scrub(stderr)[-limits.output_chars:], seconds)
 
 
-def _start(role: str, spec: dict, fds: tuple[int, ...], stdout, stderr, limits: Limits) -> subprocess.Popen:
-    argv = isolation.command([isolation.interpreter(), "-I", "-S", "-B", "-c", CHILD_SOURCE, role], limits.scratch_mb)
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, cwd="/",
-                            env=isolation.BWRAP_ENV, start_new_session=True, pass_fds=fds, close_fds=True)
+def _start(role: str, spec: dict, fds: tuple[int, ...], stdout, stderr, limits: Limits) -> isolation.Contained:
+    argv = [isolation.interpreter(), "-I", "-S", "-B", "-c", CHILD_SOURCE, role]
+    sandbox = isolation.start(argv, limits.scratch_mb, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
+                              pass_fds=fds)
     try:
-        proc.stdin.write(json.dumps(spec).encode())
-        proc.stdin.close()
+        sandbox.proc.stdin.write(json.dumps(spec).encode())
+        sandbox.proc.stdin.close()
     except BrokenPipeError:
         pass
-    return proc
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill bwrap: its PID namespace's init dies with it (--die-with-parent), and the kernel kills the rest."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    proc.wait()
+    return sandbox
 
 
 def _read_status(fd: int, limit: int = 8192) -> dict:
@@ -209,7 +199,6 @@ def _read_status(fd: int, limit: int = 8192) -> dict:
     return status if isinstance(status, dict) else {}
 
 
-_SIGNAL_LIMITS = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size", signal.SIGKILL: "wall"}
 
 
 def _outcome(check_code: int, check_status: dict, sample_code: int, sample_status: dict, timed_out: bool,

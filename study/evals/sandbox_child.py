@@ -185,6 +185,11 @@ def run_sample(spec):
                 code, why = (3, "MemoryError") if isinstance(error, MemoryError) else (code, why)
             answers.write(json.dumps(answer).encode() + b"\n")
             answers.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
     try:
         status.write(json.dumps({"why": why[:2000]}))
         status.close()
