@@ -137,20 +137,22 @@ except OSError:
 
 
 def persist() -> str:
-    """Start-up files that would run code in later interpreters: .pth files and sitecustomize in every site and
-    library folder, a usercustomize, a history file, a marker in its HOME."""
+    """Start-up files that would run code in later interpreters: a .pth file in every site and library folder, a
+    history file, a marker in its HOME. (Not sitecustomize.py: were the sandbox broken, it would run in every
+    interpreter of the machine.)"""
     return UNHOOK + """
 import os, site, sys, sysconfig
 payload = "import os; os.environ['PERSISTED'] = '1'\\n"
 folders = set(site.getsitepackages() + [site.getusersitepackages(), sysconfig.get_paths()["stdlib"],
               sysconfig.get_paths()["purelib"], os.path.dirname(os.__file__)])
 for folder in folders:
-    for name in ("lapstudy_persist.pth", "sitecustomize.py", "usercustomize.py"):
-        try:
-            os.makedirs(folder, exist_ok=True)
-            open(os.path.join(folder, name), "w").write(payload)
-        except OSError:
-            pass
+    try:
+        os.makedirs(folder, exist_ok=True)
+        open(os.path.join(folder, "lapstudy_persist.pth"), "w").write(payload)
+        if not folder.startswith(os.path.expanduser("~")):  # its HOME is its scratch, gone afterwards
+            print("planted in", folder)
+    except OSError:
+        pass
 for name in ("~/.python_history", "~/.lapstudy_mark"):
     try:
         open(os.path.expanduser(name), "w").write(payload)

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import sysconfig
 import tempfile
 from fractions import Fraction
@@ -232,7 +233,10 @@ def test_nothing_is_created_or_changed_outside_the_scratch_directory(tmp_path):
                "/lapstudy_planted", "/dev/lapstudy_planted"]
     outside.mkdir()
     result = run(corpus.write_outside(targets) + CORRECT)
+    for target in targets[2:5]:  # a broken sandbox must not leave them behind
+        Path(target).unlink(missing_ok=True)
     assert result.passed, result
+    assert "made" not in result.stdout, result.stdout  # not even in the sandbox's own read-only root and /dev
     assert list(outside.iterdir()) == [] and not (lib / "lapstudy_planted.py").exists()
     assert not Path(targets[3]).exists() and not Path("/usr/lapstudy_planted").exists()
     assert "mknod refused" in result.stdout and "sysctl refused" in result.stdout, result.stdout
@@ -242,9 +246,13 @@ def test_nothing_persists_into_a_later_sample():
     first = run(corpus.persist() + CORRECT)
     later = run("import os, sys\ndef add(a, b):\n    planted = os.environ.get('PERSISTED') or 'persisted' in sys.modules"
                 " or os.path.exists(os.path.expanduser('~/.lapstudy_mark'))\n    return 0 if planted else a + b\n")
+    planted = [p for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"],
+                              sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"]}
+               for p in Path(site).glob("lapstudy_persist*")]
+    for path in planted:  # a broken sandbox must not leave them to later interpreters
+        path.unlink()
+    assert planted == [] and "planted in" not in first.stdout, first.stdout
     assert first.passed and later.passed, (first, later)
-    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]}:
-        assert not list(Path(site).glob("lapstudy_persist*")), site
 
 
 def test_a_copy_of_the_project_cannot_be_removed(tmp_path):

@@ -13,7 +13,7 @@
   nothing else: not the project, not a virtual environment, not a home, not /etc; the interpreter's own
   site-packages hidden under an empty read-only tmpfs; the root itself read-only;
 - with a private tmpfs of `scratch_mb` MiB at /tmp as its working directory, HOME and TMPDIR (gone with the
-  namespace), a minimal /dev (null, zero, full, random, urandom, tty; /dev/shm a small tmpfs), and an
+  namespace), a minimal /dev (null, zero, full, random, urandom, tty; read-only but for /dev/shm, a small tmpfs), and an
   environment built from nothing.
 
 `require()` refuses, with one line naming what is missing, where bubblewrap or user namespaces are not available:
@@ -92,7 +92,7 @@ def command(argv: list[str], scratch_mb: int, info_fd: int | None = None) -> lis
             *_root_binds(), *_interpreter_binds(),
             # the kernel's sysctls are global: a root-mapped uid could write them through a writable /proc/sys
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", *proc_extra,
-            "--dev", "/dev", "--size", str(16 << 20), "--tmpfs", "/dev/shm",
+            "--dev", "/dev", "--remount-ro", "/dev", "--size", str(16 << 20), "--tmpfs", "/dev/shm",
             "--size", str(scratch_mb << 20), "--tmpfs", SCRATCH, "--chdir", SCRATCH,
             "--remount-ro", "/",
             "--clearenv", *env,
