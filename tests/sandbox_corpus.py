@@ -16,14 +16,14 @@ for _f in _gc.get_objects():
 """
 
 
-def hunt_secrets(secret_name: str, host_pid: int, paths: list[str]) -> str:
-    """Looks for `secret_name` in every environment it can read (its own, /proc/*/environ, the host pid's) and
+def hunt_secrets(secret_name: str, host_pids: list[int], paths: list[str]) -> str:
+    """Looks for `secret_name` in every environment it can read (its own, /proc/*/environ, the host pids') and
     reads `paths`; prints the hex of what it found (hex: the parent's scrubbing must not be what hides it)."""
     return UNHOOK + f"""
 import os
 found, readable = [], []
-sources = [f"/proc/{{p}}/environ" for p in os.listdir("/proc") if p.isdigit()] + ["/proc/{host_pid}/environ",
-           "/proc/self/environ", "/proc/1/environ"]
+sources = [f"/proc/{{p}}/environ" for p in os.listdir("/proc") if p.isdigit()] + ["/proc/self/environ"]
+sources += [f"/proc/{{p}}/environ" for p in {host_pids!r}]
 for source in sources:
     try:
         data = open(source, "rb").read()

@@ -10,6 +10,7 @@ pass@k is compared with its definition by enumerating every k-subset of the samp
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import secrets
 import shutil
@@ -143,14 +144,39 @@ def test_no_secret_of_the_parent_is_readable(monkeypatch, tmp_path):
     credentials.parent.mkdir(parents=True)
     credentials.write_text(f"aws_secret_access_key = {secret}\n")
     project_file = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    result = run(corpus.hunt_secrets(secret_name="LAPSTUDY_TEST_SECRET", host_pid=os.getpid(),
-                                     paths=[str(credentials), str(project_file), os.path.expanduser("~/.bash_history")])
-                 + CORRECT)
+    # a process of the host started with the secret in its environment (what /proc/<pid>/environ shows)
+    holder = subprocess.Popen(["sleep", "60"], env={"LAPSTUDY_TEST_SECRET": secret})
+    try:
+        result = run(corpus.hunt_secrets(secret_name="LAPSTUDY_TEST_SECRET", host_pids=[holder.pid, os.getpid()],
+                                         paths=[str(credentials), str(project_file),
+                                                os.path.expanduser("~/.bash_history")]) + CORRECT)
+    finally:
+        holder.kill()
+        holder.wait()
     # the hunter hex-encodes what it found, so that the scrubbing of the reason cannot hide an escape
     found = result.stdout
     assert result.passed and "hunted" in found, result
     assert secret.encode().hex() not in found + result.reason and secret not in found
     assert "readable" not in found, found
+
+
+def test_the_sandbox_holds_the_standard_library_and_an_environment_built_from_nothing():
+    project = Path(__file__).resolve().parents[1]
+    probe = ("import json, os, sysconfig\nimports = []\nfor name in ('study', 'pytest', 'torch', 'pip'):\n"
+             "    try:\n        __import__(name)\n        imports.append(name)\n    except ImportError:\n        pass\n"
+             "site = sysconfig.get_paths()['purelib']\n"
+             "print(json.dumps({'env': dict(os.environ), 'root': sorted(os.listdir('/')), 'imports': imports,"
+             " 'site': sorted(os.listdir(site)) if os.path.isdir(site) else [], 'cwd': os.getcwd(),"
+             f" 'project': os.path.exists({str(project)!r}), 'venv': os.path.exists({sys.prefix!r})}}))\n")
+    result = run(probe + CORRECT)
+    assert result.passed, result
+    seen = json.loads(result.stdout)
+    assert seen["env"].pop("PWD") == seen["cwd"] == isolation.SCRATCH  # bwrap's --chdir sets PWD
+    assert seen["env"] == isolation.ENV
+    assert seen["imports"] == [] and seen["site"] == [] and not seen["project"]
+    assert sys.prefix == sys.base_prefix or not seen["venv"]
+    assert set(seen["root"]) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "proc", "dev", "tmp",
+                                 *Path(sys.base_prefix).parts[1:2]}, seen["root"]
 
 
 def test_the_parents_secrets_never_reach_a_failure_reason(monkeypatch):
