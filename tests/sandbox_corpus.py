@@ -136,6 +136,19 @@ except OSError:
 """
 
 
+def syscalls(calls: dict[str, tuple[int, tuple[int, ...]]]) -> str:
+    """Makes each raw system call {name: (number, args)} through libc's syscall(); prints {name: [result, errno]}."""
+    return UNHOOK + f"""
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+made = {{}}
+for name, (number, args) in {calls!r}.items():
+    ctypes.set_errno(0)
+    made[name] = [libc.syscall(number, *args), ctypes.get_errno()]
+print(json.dumps(made))
+"""
+
+
 def persist() -> str:
     """Start-up files that would run code in later interpreters: a .pth file in every site and library folder, a
     history file, a marker in its HOME. (Not sitecustomize.py: were the sandbox broken, it would run in every

@@ -9,6 +9,7 @@ pass@k is compared with its definition by enumerating every k-subset of the samp
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -266,6 +267,19 @@ def test_nothing_is_created_or_changed_outside_the_scratch_directory(tmp_path):
     assert list(outside.iterdir()) == [] and not (lib / "lapstudy_planted.py").exists()
     assert not Path(targets[3]).exists() and not Path("/usr/lapstudy_planted").exists()
     assert "mknod refused" in result.stdout and "sysctl refused" in result.stdout, result.stdout
+
+
+@pytest.mark.skipif(isolation.seccomp_filter() is None, reason="the seccomp filter is x86-64's")
+def test_the_kernel_refuses_system_calls_a_sample_has_no_use_for():
+    refused = {"ptrace (PTRACE_TRACEME)": (101, (0, 0, 0, 0)), "io_uring_setup": (425, (1, 0)),
+               "keyctl (get keyring id)": (250, (0, -3, 0)), "unshare (new user namespace)": (272, (0x10000000,)),
+               "bpf": (321, (0, 0, 0)), "perf_event_open": (298, (0, 0, -1, -1, 0)), "userfaultfd": (323, (0,)),
+               "getpid through the x32 ABI": (0x40000000 + 39, ())}
+    result = run(corpus.syscalls({**refused, "getpid": (39, ())}) + CORRECT)
+    assert result.passed, result
+    made = json.loads(result.stdout)
+    assert made.pop("getpid")[0] > 0  # an ordinary call goes through
+    assert made == {name: [-1, errno.EPERM] for name in refused}, made
 
 
 def test_nothing_persists_into_a_later_sample():

@@ -16,6 +16,13 @@
   namespace), a minimal /dev (null, zero, full, random, urandom, tty; read-only but for /dev/shm, a small tmpfs), and an
   environment built from nothing.
 
+On x86-64 a seccomp filter (classic BPF, assembled below: no library needed) also makes the kernel refuse, with
+EPERM, the system calls a contained program has no use for and that are the usual ways into kernel bugs or out
+of a namespace: ptrace and process_vm_*, bpf, perf_event_open, userfaultfd, io_uring, the keyring, mount and the
+new mount API, unshare and setns, module and kexec loading, open_by_handle_at, iopl/ioperm, swapon, reboot, acct,
+quotactl, syslog; and any x32-ABI or foreign-architecture system call. Elsewhere there is no filter (the
+namespaces and the dropped capabilities still hold).
+
 `require()` refuses, with one line naming what is missing, where bubblewrap or user namespaces are not available:
 nothing falls back to a weaker sandbox.
 """
@@ -27,6 +34,7 @@ import json
 import os
 import select
 import signal
+import struct
 import subprocess
 import sys
 
@@ -79,9 +87,10 @@ def _interpreter_binds() -> list[str]:
     return args
 
 
-def command(argv: list[str], scratch_mb: int, info_fd: int | None = None) -> list[str]:
+def command(argv: list[str], scratch_mb: int, info_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
     """bwrap's command line running `argv` (an interpreter command) contained as the module docstring says;
-    `info_fd`: where bwrap writes {"child-pid": the host pid of the namespace's init, ...} once it is set up."""
+    `info_fd`: where bwrap writes {"child-pid": the host pid of the namespace's init, ...} once it is set up;
+    `seccomp_fd`: where it reads the seccomp filter from."""
     env = [arg for name, value in ENV.items() for arg in ("--setenv", name, value)]
     proc_extra = ["--ro-bind", "/proc/pressure", "/proc/pressure"] if os.path.isdir("/proc/pressure") else []
     return ["bwrap",
@@ -89,6 +98,7 @@ def command(argv: list[str], scratch_mb: int, info_fd: int | None = None) -> lis
             "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             *(["--info-fd", str(info_fd)] if info_fd is not None else []),
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
             *_root_binds(), *_interpreter_binds(),
             # the kernel's sysctls are global: a root-mapped uid could write them through a writable /proc/sys
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", *proc_extra,
@@ -97,6 +107,34 @@ def command(argv: list[str], scratch_mb: int, info_fd: int | None = None) -> lis
             "--remount-ro", "/",
             "--clearenv", *env,
             "--", *argv]
+
+
+# x86-64 numbers of the refused system calls (asm/unistd_64.h)
+_REFUSED_X86_64 = {"ptrace": 101, "syslog": 103, "pivot_root": 155, "acct": 163, "mount": 165, "umount2": 166,
+                   "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175,
+                   "delete_module": 176, "quotactl": 179, "kexec_load": 246, "add_key": 248, "request_key": 249,
+                   "keyctl": 250, "unshare": 272, "perf_event_open": 298, "name_to_handle_at": 303,
+                   "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311,
+                   "finit_module": 313, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
+                   "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+                   "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442}
+
+
+def seccomp_filter() -> bytes | None:
+    """The filter as bwrap's --seccomp reads it (an array of struct sock_filter); None off x86-64."""
+    if os.uname().machine != "x86_64":
+        return None
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...JGE, BPF_RET
+    allow, eperm, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # SECCOMP_RET_ALLOW, _ERRNO|EPERM, _KILL_PROCESS
+    numbers = sorted(_REFUSED_X86_64.values())
+    n = len(numbers)
+    # seccomp_data: nr at offset 0, arch at 4. Layout: arch check, nr load, x32 check, one jeq per call, then
+    # [allow, eperm]; a jump offset counts the instructions it skips.
+    program = [(ld_abs, 0, 0, 4), (jeq, 1, 0, 0xC000003E), (ret, 0, 0, kill), (ld_abs, 0, 0, 0),
+               (jge, n + 1, 0, 0x40000000)]
+    program += [(jeq, n - i, 0, nr) for i, nr in enumerate(numbers)]
+    program += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    return b"".join(struct.pack("HBBI", *op) for op in program)
 
 
 class Contained:
@@ -149,15 +187,22 @@ class Contained:
 def start(argv: list[str], scratch_mb: int, *, stdin, stdout, stderr, pass_fds: tuple[int, ...]) -> Contained:
     """`argv` started contained (bwrap's own environment minimal too: its init's /proc/1/environ is readable)."""
     info_read, info_write = os.pipe()
+    rules, seccomp_fd = seccomp_filter(), None
+    if rules is not None:  # far smaller than a pipe's buffer: written whole before bwrap reads it
+        seccomp_fd, rules_write = os.pipe()
+        os.write(rules_write, rules)
+        os.close(rules_write)
+    extra = (info_write,) if seccomp_fd is None else (info_write, seccomp_fd)
     try:
-        proc = subprocess.Popen(command(argv, scratch_mb, info_write), stdin=stdin, stdout=stdout, stderr=stderr,
-                                cwd="/", env=BWRAP_ENV, start_new_session=True, pass_fds=(*pass_fds, info_write),
-                                close_fds=True)
+        proc = subprocess.Popen(command(argv, scratch_mb, info_write, seccomp_fd), stdin=stdin, stdout=stdout,
+                                stderr=stderr, cwd="/", env=BWRAP_ENV, start_new_session=True,
+                                pass_fds=(*pass_fds, *extra), close_fds=True)
     except BaseException:
         os.close(info_read)
         raise
     finally:
-        os.close(info_write)
+        for fd in extra:
+            os.close(fd)
     return Contained(proc, info_read)
 
 
