@@ -344,6 +344,17 @@ def test_without_user_namespaces_nothing_runs_and_one_line_names_the_setting(mon
     assert "kernel.unprivileged_userns_clone" in message
 
 
+def test_lapstudy_eval_refuses_humaneval_without_bubblewrap_before_loading_a_model(monkeypatch, tmp_path, capfd,
+                                                                                  fresh_probe):
+    from study import cli
+
+    monkeypatch.setattr(isolation, "BWRAP_ENV", {"PATH": str(tmp_path)})
+    code = cli.main(["eval", str(tmp_path / "no-such-run.yaml"), "--tasks", "humaneval", "--allow-code-execution"])
+    err = capfd.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--tasks humaneval" in err and "apt-get install bubblewrap" in err and "no-such-run" not in err
+
+
 def test_without_the_flag_nothing_is_executed(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     sample = Sample(f"open({str(marker)!r}, 'w').write('x')", ADD_TEST, "add")
