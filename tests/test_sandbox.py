@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from fractions import Fraction
 from pathlib import Path
 

@@ -135,6 +135,7 @@ def _run(sample: Sample, limits: Limits) -> ExecutionResult:
     check_spec = {"test": sample.test, "entry_point": sample.entry_point, "limits": child_limits,
                   "calls_fd": calls_write, "answers_fd": answers_read, "status_fd": check_status_write,
                   "answer_bytes": limits.answer_bytes}
+    child_fds = [calls_read, answers_write, sample_status_write, calls_write, answers_read, check_status_write]
     start = time.monotonic()
     sandboxes: list[isolation.Contained] = []
     with tempfile.TemporaryDirectory(prefix="lapstudy-sandbox-out-") as captured:  # the parent's; never bound
@@ -142,13 +143,9 @@ def _run(sample: Sample, limits: Limits) -> ExecutionResult:
             with open(os.path.join(captured, "stdout"), "wb") as out, \
                     open(os.path.join(captured, "stderr"), "wb") as err, \
                     open(os.devnull, "wb") as discard:
-                sandboxes.append(_start("sample", sample_spec, (calls_read, answers_write, sample_status_write), out, err,
-                                    limits))
-                sandboxes.append(_start("check", check_spec, (calls_write, answers_read, check_status_write), discard,
-                                    discard, limits))
-                for fd in (calls_read, answers_write, sample_status_write, calls_write, answers_read,
-                           check_status_write):
-                    os.close(fd)
+                sandboxes.append(_start("sample", sample_spec, tuple(child_fds[:3]), out, err, limits))
+                sandboxes.append(_start("check", check_spec, tuple(child_fds[3:]), discard, discard, limits))
+                _close(child_fds)  # the children hold them now: a pipe ends when its process does
                 sample_proc, check_proc = (s.proc for s in sandboxes)
                 timed_out = False
                 try:
@@ -167,11 +164,7 @@ def _run(sample: Sample, limits: Limits) -> ExecutionResult:
         finally:
             for contained in sandboxes:
                 contained.kill()
-            for fd in (check_status_read, sample_status_read):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            _close(child_fds + [check_status_read, sample_status_read])
     status, reason, limit = _outcome(check_proc.returncode, check_status, sample_proc.returncode, sample_status,
                                      timed_out, limits)
     return ExecutionResult(status, " ".join(scrub(reason).split())[:limits.reason_chars], limit,
@@ -188,6 +181,14 @@ def _start(role: str, spec: dict, fds: tuple[int, ...], stdout, stderr, limits: 
     except BrokenPipeError:
         pass
     return sandbox
+
+
+def _close(fds: list[int]) -> None:
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass
 
 
 def _read_status(fd: int, limit: int = 8192) -> dict:
