@@ -98,17 +98,18 @@ print("forked", started)
 """
 
 
-def kill(victim_pid: int) -> str:
-    """Signals the host's `victim_pid` and its own parent every way it can: os.kill, a pidfd, kill(1), kill(-1)."""
+def kill(victims: list[int]) -> str:
+    """Signals the host's `victims` and its own parent every way it can: os.kill, a pidfd, kill(1), pid 1."""
     return UNHOOK + f"""
 import os, signal, subprocess
-for attempt in (lambda: os.kill({victim_pid}, signal.SIGKILL), lambda: os.kill(os.getppid(), signal.SIGKILL),
-                lambda: signal.pidfd_send_signal(os.pidfd_open({victim_pid}), signal.SIGKILL),
-                lambda: subprocess.run(["kill", "-9", "{victim_pid}"]), lambda: os.kill(1, signal.SIGKILL)):
-    try:
-        attempt()
-    except OSError as e:
-        print("refused", e)
+for victim in {victims!r}:
+    for attempt in (lambda: os.kill(victim, signal.SIGKILL), lambda: os.kill(os.getppid(), signal.SIGKILL),
+                    lambda: signal.pidfd_send_signal(os.pidfd_open(victim), signal.SIGKILL),
+                    lambda: subprocess.run(["kill", "-9", str(victim)]), lambda: os.kill(1, signal.SIGKILL)):
+        try:
+            attempt()
+        except OSError as e:
+            print("refused", e)
 """
 
 
