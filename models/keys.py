@@ -117,4 +117,8 @@ MIXER_KEY_DOCS: dict[str, KeyDoc] = {
                  "`stlt_mix` backend: `auto` = Triton kernels on CUDA with up to 64 nodes (more would spill "
                  "registers), the torch path otherwise (the algorithm measured fastest at the length, see "
                  "[stlt.md](stlt.md#cost)); `triton` refuses more than 64 nodes"),
+    "stlt_eval_gate": KeyDoc("`soft` | `hard`", "`soft`",
+                             "the evaluation's node mask: `soft`, the write-up's inference rule (node k weighed by "
+                             "alpha_k, skipped where alpha_k < 0.01); `hard`, 1[alpha > 0.5] "
+                             "([stlt.md](stlt.md#node-gating))"),
 }
