@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import ray
@@ -17,5 +18,18 @@ def pin_ray_address() -> None:
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
 
-# What a runtime environment's `worker_process_setup_hook` names to run pin_ray_address in every worker.
-SETUP_HOOK = f"{__name__}.{pin_ray_address.__name__}"
+def quiet_library_logs() -> None:
+    """Workers' output reaches the driver's (log_to_driver) and so `ray job logs`: their warnings, errors and stderr
+    (CUDA, NCCL) must, but Ray's routine INFO lines (Train's worker group starting, ...) would bury the progress
+    lines. Ray Data's level comes from RAY_DATA_LOG_LEVEL in the runtime environment (study/cluster.py), which it
+    reads when it is imported: importing it here would cost every worker process seconds."""
+    logging.getLogger("ray").setLevel(logging.WARNING)
+
+
+def setup_worker() -> None:
+    pin_ray_address()
+    quiet_library_logs()
+
+
+# What a runtime environment's `worker_process_setup_hook` names to run in every worker.
+SETUP_HOOK = f"{__name__}.{setup_worker.__name__}"

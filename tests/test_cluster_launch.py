@@ -235,3 +235,90 @@ def test_every_workers_setup_hook_imports_nothing_heavier_than_ray(tmp_path, mon
     module, name = seen["runtime_env"]["worker_process_setup_hook"].rsplit(".", 1)
     assert callable(getattr(importlib.import_module(module), name))
     assert imported_with(module, ("mlflow", "datasets", "torch", "optuna")) == []
+
+
+# --- what the driver hands its Ray workers -------------------------------------------------------------------------
+
+CREDENTIALS = {"HF_TOKEN": "hf_jobToken0123456789", "MLFLOW_TRACKING_USERNAME": "user",
+               "MLFLOW_TRACKING_PASSWORD": "pw", "MLFLOW_TRACKING_TOKEN": "tok", "AWS_SECRET_ACCESS_KEY": "aws",
+               "AWS_ACCESS_KEY_ID": "AKIA", "AWS_SESSION_TOKEN": "session"}
+
+
+def test_no_credential_travels_in_the_workers_runtime_environment(tmp_path, monkeypatch):
+    """Ray shows a job's runtime environment to whoever reaches the dashboard: credentials stay out of it, the
+    settings the workers need go in."""
+    from study.cluster import worker_runtime_env
+
+    for key, value in {**CREDENTIALS, "HF_HUB_OFFLINE": "1", "AWS_ENDPOINT_URL": "http://10.0.0.9:9000"}.items():
+        monkeypatch.setenv(key, value)
+    env_vars = worker_runtime_env(str(tmp_path), {})["env_vars"]
+    assert not set(CREDENTIALS) & set(env_vars)
+    assert not set(CREDENTIALS.values()) & set(env_vars.values())
+    assert env_vars["HF_HUB_OFFLINE"] == "1" and env_vars["AWS_ENDPOINT_URL"] == "http://10.0.0.9:9000"
+
+
+def test_a_job_that_sets_hf_token_in_its_runtime_environment_is_not_refused(tmp_path, monkeypatch):
+    """`ray job submit --runtime-env-json '{"env_vars": {"HF_TOKEN": ...}}'`: the job's variables reach this
+    process, and Ray merges the job's runtime environment with ray.init's, refusing any variable both set
+    (ray.init's own merge, run here on what Ray's job supervisor hands the driver)."""
+    import json
+
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+    from ray.runtime_env.runtime_env import _merge_runtime_env
+
+    from study.cluster import job_runtime_env, worker_runtime_env
+
+    job = {"env_vars": {"HF_TOKEN": CREDENTIALS["HF_TOKEN"], "HF_HOME": "/mnt/shared/hf", "HF_HUB_OFFLINE": "0"},
+           "working_dir": "gcs://_ray_pkg_0123.zip"}
+    monkeypatch.setenv(RAY_JOB_CONFIG_JSON_ENV_VAR, json.dumps({"runtime_env": job, "metadata": {}}))
+    for key, value in job["env_vars"].items():  # the job supervisor starts the driver with them set
+        monkeypatch.setenv(key, value)
+    assert job_runtime_env() == job
+    ours = worker_runtime_env(str(tmp_path), job_runtime_env())
+    merged = _merge_runtime_env(job, ours)
+    assert merged is not None, "Ray would refuse the merge"
+    assert merged["env_vars"]["HF_HOME"] == "/mnt/shared/hf" and merged["working_dir"] == job["working_dir"]
+    assert merged["worker_process_setup_hook"] == ours["worker_process_setup_hook"]
+    monkeypatch.delenv(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    assert job_runtime_env() == {}  # outside a job, nothing to leave out
+    assert _merge_runtime_env(job, worker_runtime_env(str(tmp_path), {})) is None  # the refusal this avoids
+
+
+def test_a_refused_connection_shows_rays_whole_reason(tmp_path, monkeypatch):
+    from study.cluster import connect_ray
+    from study.errors import UserError
+
+    reason = "Failed to merge the Job's runtime env " + "x" * 400 + " because of a conflict."
+
+    def init(**kwargs):
+        raise ValueError(reason)
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(UserError) as info:
+        connect_ray("auto", str(tmp_path))
+    assert reason in str(info.value) and "\n" not in str(info.value)
+
+
+def test_tune_warnings_reach_the_driver_output_without_trial_tracebacks(tmp_path, monkeypatch):
+    """After connect_ray, Tune's warnings (that trials wait for resources) are emitted and workers' output is
+    forwarded (log_to_driver); only the traceback Tune logs for each failed trial is dropped."""
+    import logging
+    from types import SimpleNamespace
+
+    from study.cluster import connect_ray
+
+    seen = {}
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs) or SimpleNamespace(
+        address_info={"session_dir": str(tmp_path)}))
+    monkeypatch.setattr("study.cluster.pin_ray_address", lambda: None)
+    monkeypatch.setattr("study.cluster.check_state_api", lambda where: None)
+    connect_ray(None, str(tmp_path))
+    assert seen["log_to_driver"] is True
+    warned = logging.getLogger("ray.tune.execution.insufficient_resources_manager")
+    assert warned.isEnabledFor(logging.WARNING)
+    controller = logging.getLogger("ray.tune.execution.tune_controller")
+    record = controller.makeRecord(controller.name, logging.ERROR, __file__, 1, "Trial task failed for trial %s",
+                                   ("t1",), None)
+    assert controller.isEnabledFor(logging.ERROR) and not controller.filter(record)
+    other = controller.makeRecord(controller.name, logging.WARNING, __file__, 1, "checkpointing failed", (), None)
+    assert controller.filter(other)
