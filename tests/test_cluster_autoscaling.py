@@ -182,3 +182,40 @@ def test_node_types_an_autoscaler_reports_to_the_gcs_come_first(cluster):
             autoscaler_pb2.ClusterConfig().SerializeToString())
     assert declared_node_types() == from_autoscaling_config(json.loads(
         Path(os.path.expanduser("~/ray_bootstrap_config.yaml")).read_text()))
+
+
+# ---- the progress line --------------------------------------------------------------------------------------------
+
+class _Trial:
+    def __init__(self, trial_id: str, status: str):
+        self.trial_id, self.status, self.config, self.last_result = trial_id, status, {"lr": 0.001}, {}
+
+    def get_error(self):
+        return None
+
+    def __str__(self):
+        return self.trial_id
+
+
+def test_the_progress_line_says_how_many_trials_wait_for_nodes(monkeypatch, capsys):
+    """Trials Tune has made but not started for WAITING_AFTER_S wait for nodes; a trial just made does not yet."""
+    from study import callbacks
+    from study.space import load_space
+
+    clock = [1000.0]
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: clock[0])
+    progress = callbacks.StudyProgress(load_space(REPO / "search_spaces" / "quickstart.yaml"), 8)
+    trials = [_Trial("a", "RUNNING"), *(_Trial(t, "PENDING") for t in "bcdefgh")]
+    progress.on_step_end(0, trials)
+    assert "waiting" not in capsys.readouterr().out, "made this instant: not waiting yet"
+    clock[0] += callbacks.WAITING_AFTER_S + callbacks.PROGRESS_EVERY_S
+    trials[1].status = "RUNNING"  # the autoscaler's first node joined and took one
+    progress.on_step_end(1, trials)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "2 running, 6 waiting for nodes" in line, line
+    for trial in trials:
+        trial.status = "RUNNING"
+    clock[0] += callbacks.PROGRESS_EVERY_S
+    progress.on_step_end(2, trials)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "8 running" in line and "waiting" not in line, line
