@@ -26,6 +26,7 @@ SETTINGS = {"LAPSTUDY_IMAGE": "123456789012.dkr.ecr.us-west-2.amazonaws.com/laps
             "LAPSTUDY_IMAGE_TAG": "2.60.0-py311", "LAPSTUDY_EFS_ID": "fs-0123456789abcdef0",
             "LAPSTUDY_MLFLOW_BACKEND_STORE_URI": "postgresql://mlflow@db.internal:5432/mlflow",
             "LAPSTUDY_MLFLOW_ARTIFACTS": "s3://bucket/mlflow"}
+HEAD_TOKEN = "tok0123456789abcdef"  # what the fake `ray get-auth-token --generate` makes
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,8 @@ def test_nothing_fails_silently(config):
 
 def _run(snippet: str, tmp_path: Path, env: dict, fail_mount: bool = False) -> subprocess.CompletedProcess:
     """Run a command of cluster.yaml as Ray runs it (bash, in a subshell), with the commands that touch the machine
-    replaced by functions that record their arguments in `log`."""
+    replaced by functions that record their arguments in `log` (`ray` with the auth mode and hub token it would
+    start with; its `get-auth-token --generate` makes a token as Ray's does, once)."""
     log = tmp_path / "log"
     fakes = f"""
 log={log}
@@ -95,6 +97,8 @@ mountpoint() {{ [ -e {tmp_path / 'mounted'} ]; }}
 docker() {{ echo "docker $*" >> $log; }}
 aws() {{ echo "aws $*" >> $log; echo password; }}
 nvidia-smi() {{ return 1; }}
+ray() {{ echo "ray $* [mode=${{RAY_AUTH_MODE:-}} hf=$(printenv HF_TOKEN)]" >> $log;
+  if [ "$1" = get-auth-token ] && [ ! -s ~/.ray/auth_token ]; then mkdir -p ~/.ray; printf {HEAD_TOKEN} > ~/.ray/auth_token; fi; }}
 """
     return subprocess.run(["bash", "-c", f"{fakes}\n({snippet})"], capture_output=True, text=True, timeout=30,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})
@@ -149,7 +153,7 @@ def test_mlflow_server_refuses_an_unset_or_local_store(config, tmp_path, variabl
 
 def test_the_head_gives_jobs_the_tracking_server(config):
     start = _command(config, "head_start_ray_commands", "ray start --head")
-    assert start.startswith(f"{cli.TRACKING_URI_VARIABLE}=http://$(hostname -I | cut -d' ' -f1):5000 ray start")
+    assert f"; {cli.TRACKING_URI_VARIABLE}=http://$(hostname -I | cut -d' ' -f1):5000 ray start --head" in start
     mlflow = _command(config, "head_start_ray_commands", "mlflow server")
     assert '--host "$HEAD_IP" --port 5000' in mlflow
 
@@ -322,3 +326,53 @@ def test_tune_warnings_reach_the_driver_output_without_trial_tracebacks(tmp_path
     assert controller.isEnabledFor(logging.ERROR) and not controller.filter(record)
     other = controller.makeRecord(controller.name, logging.WARNING, __file__, 1, "checkpointing failed", (), None)
     assert controller.filter(other)
+
+
+# --- Ray's token authentication on the `ray up` path ---------------------------------------------------------------
+
+def test_the_head_makes_rays_token_and_every_worker_joins_with_it(config, tmp_path):
+    """The head makes the token once, starts with RAY_AUTH_MODE=token and writes the token into its copy of
+    cluster.env (which the workers receive: the launcher syncs the head's copies of the file mounts); a worker saves
+    it where Ray reads it and joins with token auth on; HF_TOKEN from cluster.env is in both nodes' environment."""
+    head_home, worker_home = tmp_path / "head", tmp_path / "worker"
+    head_home.mkdir(), worker_home.mkdir()
+    settings = "".join(f"{key}={value}\n" for key, value in SETTINGS.items()) + "HF_TOKEN=hf_nodeToken0123\n"
+    (head_home / "cluster.env").write_text(settings)
+    head = _command(config, "head_start_ray_commands", "ray start --head")
+    for _ in range(2):  # a restart (`ray up` again) keeps the token and writes it once
+        done = _run(head, head_home, {})
+        assert done.returncode == 0, done.stderr
+    handed = (head_home / "cluster.env").read_text()
+    assert handed == settings + f"RAY_AUTH_TOKEN={HEAD_TOKEN}\n"
+    log = (head_home / "log").read_text().splitlines()
+    assert log[0].startswith("ray get-auth-token --generate")
+    starts = [line for line in log if line.startswith("ray start --head")]
+    assert len(starts) == 2 and all("--num-cpus=0 " in line and line.endswith("[mode=token hf=hf_nodeToken0123]")
+                                    for line in starts), starts
+
+    worker = _command(config, "worker_start_ray_commands", "ray start --address")
+    refused = _run(worker, worker_home, {"RAY_HEAD_IP": "10.0.0.5"})  # no cluster.env handed over
+    assert refused.returncode != 0 and "RAY_AUTH_TOKEN" in refused.stderr
+    assert not (worker_home / "log").exists(), "no ray start without the token"
+    (worker_home / "cluster.env").write_text(handed)
+    done = _run(worker, worker_home, {"RAY_HEAD_IP": "10.0.0.5"})
+    assert done.returncode == 0, done.stderr
+    token_file = worker_home / ".ray" / "auth_token"
+    assert token_file.read_text() == HEAD_TOKEN and token_file.stat().st_mode & 0o077 == 0
+    assert (worker_home / "log").read_text() == \
+        "ray start --address=10.0.0.5:6379 --object-manager-port=8076 [mode=token hf=hf_nodeToken0123]\n"
+
+
+def test_every_worker_node_type_launches_with_the_worker_instance_profile(config):
+    """Ray's launcher gives its default role to the head only: a worker without an instance profile could not pull
+    the image from ECR nor reach the study's bucket. The head checks, before anything starts, that it exists."""
+    head_type = config["head_node_type"]
+    for name, node_type in config["available_node_types"].items():
+        profile = node_type["node_config"].get("IamInstanceProfile")
+        assert profile == ({"Name": "lapstudy-head"} if name == head_type else {"Name": "lapstudy-worker"}), name
+    (check,) = config["available_node_types"][head_type]["initialization_commands"]
+    assert "aws iam get-instance-profile --instance-profile-name lapstudy-worker" in check
+    docs = (REPO / "docs" / "cluster.md").read_text()
+    for needed in ("lapstudy-worker", "lapstudy-head", "AmazonEC2ContainerRegistryReadOnly", "iam:PassRole",
+                   "iam:GetInstanceProfile"):
+        assert needed in docs, f"docs/cluster.md's one-time set-up does not say {needed}"
