@@ -376,3 +376,18 @@ def test_every_worker_node_type_launches_with_the_worker_instance_profile(config
     for needed in ("lapstudy-worker", "lapstudy-head", "AmazonEC2ContainerRegistryReadOnly", "iam:PassRole",
                    "iam:GetInstanceProfile"):
         assert needed in docs, f"docs/cluster.md's one-time set-up does not say {needed}"
+
+
+def test_the_workers_setup_hook_keeps_warnings_but_drops_ray_datas_idle_cpu_one():
+    import logging
+
+    from study.ray_address import quiet_library_logs
+
+    quiet_library_logs()
+    assert logging.getLogger("ray").getEffectiveLevel() == logging.WARNING
+    dataset = logging.getLogger("ray.data.dataset")
+    idle = dataset.makeRecord(dataset.name, logging.WARNING, __file__, 1, "Warning: The Ray cluster currently does not "
+                              "have any available CPUs. The Dataset job will hang unless more CPUs are freed up.",
+                              (), None)
+    other = dataset.makeRecord(dataset.name, logging.WARNING, __file__, 1, "Ray Data's other warning", (), None)
+    assert not dataset.filter(idle) and dataset.filter(other)
