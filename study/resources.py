@@ -52,12 +52,11 @@ def trial_concurrency(resources: Resources, cluster: dict, nodes: list[dict], re
                               if key not in STANDARD_RESOURCES and not key.startswith("node:")})
             raise UserError(f"--worker-resource {name}={amount:g}: no node of {where} has that much {name!r} "
                             f"(custom resources there: {', '.join(offered) or 'none'})")
-    holder = next((node for node, _ in pool if _worker_slots(node, resources, worker_resources) >= 1), None)
-    if holder is None:
+    if not any(_worker_slots(node, resources, worker_resources) >= 1 for node, _ in pool):
         raise UserError(f"--cpus-per-worker {resources.cpus_per_worker:g} with --gpus-per-worker "
                         f"{resources.gpus_per_worker:g}: no node of {where} holds one worker "
                         f"({_largest_note(pool, node_types, 'GPU')})")
-    cpus = max(_total(live, "CPU"), _total(declared, "CPU"))
+    cpus = max(cluster.get("CPU", 0.0), _total(declared, "CPU"))
     usable_cpu = cpus - DATA_CPU_RESERVE
     per_trial_cpu = resources.workers * resources.cpus_per_worker
     if per_trial_cpu > usable_cpu + 1e-9:

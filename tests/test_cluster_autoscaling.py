@@ -219,3 +219,14 @@ def test_the_progress_line_says_how_many_trials_wait_for_nodes(monkeypatch, caps
     progress.on_step_end(2, trials)
     (line,) = capsys.readouterr().out.splitlines()
     assert "8 running" in line and "waiting" not in line, line
+
+
+def test_a_worker_no_single_node_type_holds_is_refused():
+    """8 CPUs on one type and a GPU on another: a worker asking for 4 CPUs and a GPU fits neither."""
+    types = [NodeType("cpu", {"CPU": 8.0}, 4), NodeType("small_gpu", {"CPU": 2.0, "GPU": 1.0}, 4)]
+    head = [{"CPU": 0.0}]
+    with pytest.raises(UserError, match=r"^--cpus-per-worker 4 with --gpus-per-worker 1: no node of this cluster "
+                                        r"\(its nodes and the node types its autoscaler can add\) holds one worker"):
+        trial_concurrency(GPU_TRIAL, head[0], head, 1, node_types=types)
+    small = Resources(workers=1, cpus_per_worker=2, gpus_per_worker=1)
+    assert trial_concurrency(small, head[0], head, None, node_types=types) == 4
