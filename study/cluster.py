@@ -171,7 +171,8 @@ class WithoutTrialTracebacks(logging.Filter):
 def connect_ray(address: str | None, storage: str) -> str | None:
     """Start a local cluster (dashboard on: Tune needs it to clean up the placement groups of stopped trials) or
     join the one at `address`. Returns the local cluster's session folder (None when joining one)."""
-    runtime_env = worker_runtime_env(storage, job_runtime_env())
+    job_env = job_runtime_env()
+    runtime_env = worker_runtime_env(storage, job_env)
     os.environ.setdefault("HF_HOME", hf_home(storage))
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # Workers' output (their warnings, CUDA and NCCL errors) reaches the driver's, and so `ray job logs`.
@@ -188,7 +189,12 @@ def connect_ray(address: str | None, storage: str) -> str | None:
                         "here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); copy the cluster's "
                         "token") from None
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:  # OSError: e.g. RAY_TMPDIR too long
-        raise UserError(f"{where}: cannot connect ({' '.join(str(exc).split())})") from None
+        # Ray's whole reason, less the values of the job's variables it quotes (a merge refusal quotes them all).
+        reason = " ".join(str(exc).split())
+        for value in (job_env.get("env_vars") or {}).values():
+            if len(str(value)) >= 4:
+                reason = reason.replace(str(value), "***")
+        raise UserError(f"{where}: cannot connect ({reason})") from None
     pin_ray_address()
     if not (address or "").startswith("ray://"):  # through Ray Client, Tune's driver runs on the cluster, not here
         check_state_api(where)

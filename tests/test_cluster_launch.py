@@ -288,19 +288,28 @@ def test_a_job_that_sets_hf_token_in_its_runtime_environment_is_not_refused(tmp_
     assert _merge_runtime_env(job, worker_runtime_env(str(tmp_path), {})) is None  # the refusal this avoids
 
 
-def test_a_refused_connection_shows_rays_whole_reason(tmp_path, monkeypatch):
+def test_a_refused_connection_shows_rays_whole_reason_without_the_jobs_values(tmp_path, monkeypatch):
+    import json
+
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
     from study.cluster import connect_ray
     from study.errors import UserError
 
-    reason = "Failed to merge the Job's runtime env " + "x" * 400 + " because of a conflict."
+    token = CREDENTIALS["HF_TOKEN"]
+    job = {"env_vars": {"HF_TOKEN": token}, "worker_process_setup_hook": "mine.setup"}
+    monkeypatch.setenv(RAY_JOB_CONFIG_JSON_ENV_VAR, json.dumps({"runtime_env": job}))
+    quoted = f"Failed to merge the Job's runtime env {job} with a ray.init's runtime env " + "x" * 400
 
     def init(**kwargs):
-        raise ValueError(reason)
+        raise ValueError(quoted + "\n because of a conflict.")
 
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(UserError) as info:
         connect_ray("auto", str(tmp_path))
-    assert reason in str(info.value) and "\n" not in str(info.value)
+    message = str(info.value)
+    assert quoted.replace(token, "***") in message and message.endswith("because of a conflict.)")
+    assert token not in message and "\n" not in message
 
 
 def test_tune_warnings_reach_the_driver_output_without_trial_tracebacks(tmp_path, monkeypatch):
