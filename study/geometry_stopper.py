@@ -7,7 +7,8 @@ from what the trial reported there (the objective and the last layer's token geo
 study's loop measures the geometry at every rung) with a ridge regression on standardised features, fitted on the
 trials that already ran to the end (their features at that rung against their final objective). Every trial the
 rung has recorded is re-ranked by the current model, so the cut-off compares predictions with predictions. Until
-`min_finished` trials have finished with features at a rung, that rung ranks by the objective itself: ASHA's rule.
+`min_finished` distinct runs have finished with features at a rung (a run repeated exactly counts once), that rung
+ranks by the objective itself: ASHA's rule.
 A trial that lacks a feature at a rung (a task that reports no such geometry) is ranked by its objective there, and
 that rung falls back to ASHA's rule for every trial, so that raw values and predictions are never compared.
 
@@ -89,15 +90,18 @@ class GeometryStopper(AsyncHyperBandScheduler):
 
     def predictions(self, rung: float) -> dict[str, float] | None:
         """Each trial recorded at `rung` -> its predicted final objective; None while the rung uses ASHA's rule
-        (fewer than `min_finished` finished trials with features there, or features that differ between trials)."""
+        (fewer than `min_finished` distinct finished runs with features there, or features that differ between
+        trials)."""
         seen = self._at_rung[rung]
         if any(v is None for v in seen.values()) or len({names for names, _ in seen.values()}) != 1:
             return None
-        trained = [tid for tid in seen if tid in self._final]
+        # A configuration run again at the same seed repeats its run exactly (a sampler re-proposing its best does
+        # that): one observation, however often it ran.
+        trained = list({(*seen[tid][1], self._final[tid]) for tid in seen if tid in self._final})
         if len(trained) < self.min_finished:
             return None
         model = make_pipeline(StandardScaler(), Ridge(alpha=self.alpha))
-        model.fit(np.array([seen[tid][1] for tid in trained]), np.array([self._final[tid] for tid in trained]))
+        model.fit(np.array([row[:-1] for row in trained]), np.array([row[-1] for row in trained]))
         ids = list(seen)
         return dict(zip(ids, model.predict(np.array([seen[tid][1] for tid in ids])).tolist()))
 

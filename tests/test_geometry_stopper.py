@@ -100,6 +100,15 @@ def test_the_prediction_is_ridge_on_standardised_features_of_the_finished_trials
     assert list(rung_values.values()) == pytest.approx(expected, abs=1e-12)
 
 
+def test_a_run_repeated_exactly_counts_once():
+    geometry, asha = stoppers(min_finished=5)
+    for acc2, nc1, frac in [*FINISHED[:4], FINISHED[3]]:  # five finished trials, four distinct runs
+        run_trial([geometry, asha], acc2, nc1, frac)
+    decisions = run_trial([geometry, asha], 0.50, 0.1, 0.7)
+    assert decisions[RUNG - 1] == [TrialScheduler.STOP, TrialScheduler.STOP]
+    assert geometry.predictions(RUNG) is None
+
+
 def test_a_trial_without_geometry_is_ranked_as_asha_ranks_it():
     geometry, asha = stoppers(min_finished=5)
     for acc2, nc1, frac in FINISHED:
