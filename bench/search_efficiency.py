@@ -33,7 +33,7 @@ Where the replay differs from a live study:
 - Trials report in the order of a simulated clock, not the order Ray would deliver them; with several workers the
   order of simultaneous reports is fixed (earliest start first).
 
-    python bench/search_efficiency.py [--record-only] [--cache PATH] [--search-seeds 7] [--concurrency 2]
+    python bench/search_efficiency.py [--record-only] [--cache PATH] [--search-seeds 9] [--concurrency 2]
 
 Recording takes about 15 minutes on a shared 2-CPU machine (run it under `nice`); a replay takes seconds.
 """
@@ -172,6 +172,7 @@ class Answers:
         self.final_means, self.best_mean = final_means, max(final_means.values())
         self.points: list[tuple[int, float, float]] = []  # (epochs spent, replayed seconds, regret; inf: no answer)
         self.answer: tuple[float, str] | None = None
+        self.tried: set[str] = set()  # the configurations it started
 
     def finished(self, key: str, value: float) -> None:
         if self.answer is None or value > self.answer[0]:
@@ -216,6 +217,7 @@ def replay_search(curves, final_means, *, sampler: str, scheduler: str, search_s
         trial = Trial("__fake", stub=True)
         sampled = searcher.suggest(trial.trial_id)
         key = config_key(sampled)
+        answers.tried.add(key)
         curve = curves[key][seen_seed]
         stopper.on_trial_add(None, trial)
         heapq.heappush(pending, (now + epoch_seconds(curve[0]), order, trial, key, curve, 0))
@@ -260,6 +262,7 @@ def replay_grid(curves, final_means, *, search_seed: int, concurrency: int) -> A
         done[key] = done.get(key, 0) + 1
         if done[key] == len(SEEDS):
             answers.finished(key, final_means[key])
+        answers.tried.add(key)
         answers.record(spent, free_at[worker])
     return answers
 
@@ -270,7 +273,7 @@ def spread(values: list[float]) -> dict:
     median = statistics.median(values)
     as_json = lambda v: round(v, 4) if math.isfinite(v) else None  # noqa: E731 - JSON has no inf
     return {"median": as_json(median), "min": as_json(min(values)), "max": as_json(max(values)),
-            "reached": f"{len(finite)}/{len(values)}"}
+            "finite": f"{len(finite)}/{len(values)}", "values": [as_json(v) for v in values]}
 
 
 def measure(recorded: dict, *, search_seeds: int, concurrency: int) -> dict:
@@ -302,16 +305,19 @@ def measure(recorded: dict, *, search_seeds: int, concurrency: int) -> dict:
         per_method[name] = {
             "epochs_to_within": [r[0] if r else math.inf for r in reached],
             "wall_s_to_within": [r[1] if r else math.inf for r in reached],
-            "regret_at": {str(f): [100 * a.regret_at(f * budget) for a in runs] for f in BUDGET_FRACTIONS}}
+            "regret_at": {str(f): [100 * a.regret_at(f * budget) for a in runs] for f in BUDGET_FRACTIONS},
+            "configurations_tried": [len(a.tried) for a in runs]}
     report["methods"] = {
         name: {"epochs_ratio": spread([e / budget for e in m["epochs_to_within"]]),
                "wall_ratio": spread([t / grid_wall for t in m["wall_s_to_within"]]),
                "epochs_to_within": spread(m["epochs_to_within"]),
-               "regret_points_at_budget_fraction": {f: spread(v) for f, v in m["regret_at"].items()}}
+               "regret_points_at_budget_fraction": {f: spread(v) for f, v in m["regret_at"].items()},
+               "configurations_tried": spread(m["configurations_tried"])}
         for name, m in per_method.items()}
     # Paired by search seed: the same sampler seed and visible seed with either stopper.
     geometry, asha = per_method["tpe_geometry"]["epochs_to_within"], per_method["tpe_asha"]["epochs_to_within"]
-    report["tpe_geometry_over_tpe_asha_epochs"] = spread([g / a for g, a in zip(geometry, asha)])
+    report["tpe_geometry_over_tpe_asha_epochs"] = spread([g / a for g, a in zip(geometry, asha)
+                                                          if math.isfinite(g) and math.isfinite(a)] or [math.inf])
     tpe = report["methods"]["tpe_asha"]["epochs_ratio"]["median"]
     report["target"] = {"tpe_asha_epochs_ratio_at_most": 0.4, "tpe_asha_epochs_ratio_median": tpe,
                         "met": tpe is not None and tpe <= 0.4}
@@ -323,7 +329,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--record-only", action="store_true")
     parser.add_argument("--replay-only", action="store_true", help="use the cache as it is; record nothing")
-    parser.add_argument("--search-seeds", type=int, default=7)
+    parser.add_argument("--search-seeds", type=int, default=9)
     parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args(argv)
     recorded = json.loads(args.cache.read_text()) if args.replay_only else record(args.cache)
