@@ -24,18 +24,23 @@ over all recorded seeds, so that "best" is not seed luck. Figures of merit, over
 of the grid's best 3-seed mean; the regret at 25/50/100% of the grid's budget (its epochs over all seeds).
 
 Where the replay differs from a live study:
-- A replayed trial's curve is the recorded run's: a live trial at the same seed repeats it only up to the
-  run-to-run nondeterminism of CPU kernels (none was seen on one thread), and a configuration that a search proposes
-  twice repeats the same recorded run rather than a fresh draw of seed noise.
+- A replayed trial's curve is the recorded run's: a live trial at the same seed repeats it as far as the seeded,
+  deterministic CPU loop does (study/loop.py), and a configuration a search proposes twice repeats that run, as a
+  live study at one seed would; a live study's geometry epochs are its rungs and last epoch, the recording's every
+  epoch (the values at the rungs are the same measurement).
 - Wall time is the recorded seconds of each epoch (train + evaluation), run on `--concurrency` replayed workers; a live
-  study adds Ray's per-trial start and tear-down (about 17 s per trial on 2 CPUs, docs/study.md), the geometry
-  measured here at every epoch (a live study measures it at the rungs only), and the load of the machine.
+  study adds Ray's per-trial start and tear-down (about 17 s per trial on 2 CPUs), less geometry time (measured
+  here at every epoch), and the load of the machine.
+- TPE starts modelling after 4 random trials (the space's `n_startup_trials`; the project's default is 10, which is
+  most of a 16-point space).
 - Trials report in the order of a simulated clock, not the order Ray would deliver them; with several workers the
   order of simultaneous reports is fixed (earliest start first).
 
-    python bench/search_efficiency.py [--record-only] [--cache PATH] [--search-seeds 9] [--concurrency 2] [--grace-period 2]
+    python bench/search_efficiency.py [--record-only | --replay-only] [--cache PATH] [--search-seeds 9]
+                                      [--concurrency 2] [--grace-period 2]
 
-Recording takes about 15 minutes on a shared 2-CPU machine (run it under `nice`); a replay takes seconds.
+Recording took 25 minutes on a shared 2-CPU machine (run it under `nice`; the cache is committed); a replay of all
+four searches at 9 search seeds takes about a minute.
 """
 
 from __future__ import annotations

@@ -267,8 +267,8 @@ class SearchSpace(_Strict):
         if len(self.seeds or range(self.replicates)) > 1 and self.scheduler.kind != "none":
             # ASHA judges every trial on its own: it would stop a configuration's unlucky seeds and keep its lucky
             # ones, and the mean over the survivors would flatter it.
-            raise ValueError("scheduler: asha judges each seed's trial alone, which biases a configuration's mean "
-                             "over its replicates; with replicates use scheduler: none")
+            raise ValueError(f"scheduler: {self.scheduler.kind} judges each seed's trial alone, which biases a "
+                             "configuration's mean over its replicates; with replicates use scheduler: none")
         if self.baseline is not None:
             self._check_point(self.baseline, "baseline")
             missing = [name for name in self._active_parameters({**self.fixed, **self.baseline})
@@ -352,12 +352,13 @@ class SearchSpace(_Strict):
         if isinstance(self.metric, list) != isinstance(self.mode, list) or len(self.metrics) != len(self.modes):
             raise ValueError(f"mode: one mode (min or max) per metric, got metric {self.metric} and mode {self.mode}")
         if self.multi_objective and self.scheduler.kind != "none":
-            raise ValueError("scheduler: asha stops trials on one metric; with several metrics use scheduler: none")
+            raise ValueError(f"scheduler: {self.scheduler.kind} stops trials on one metric; with several metrics use "
+                             "scheduler: none")
         check_stages(self.stages)
         check_evaluation(self.task, self.evaluate, "evaluate")
         if self.scheduler.stops_trials and "/" in self.metrics[0]:
-            raise ValueError(f"scheduler: asha judges trials during their first stage; {self.metrics[0]} is reported "
-                             "by a later one: use scheduler: none")
+            raise ValueError(f"scheduler: {self.scheduler.kind} judges trials during their first stage; "
+                             f"{self.metrics[0]} is reported by a later one: use scheduler: none")
         for i, stage in enumerate(self.stages):
             check_data_kind(stage.task, stage.dataset or self.dataset, f"stages[{i}].dataset")
             check_hyperparameter_names(stage.hyperparameters, f"stages[{i}].hyperparameters")

@@ -153,3 +153,8 @@ def test_the_space_selects_it_with_asha_settings_and_measures_geometry_at_its_ru
 def test_bad_settings_name_the_field(scheduler, message):
     with pytest.raises(UserError, match=message):
         parse_space(space_with(scheduler))
+
+
+def test_replicates_are_refused_as_with_asha():
+    with pytest.raises(UserError, match="scheduler: geometry judges each seed's trial alone"):
+        parse_space({**space_with("geometry"), "replicates": 3})
