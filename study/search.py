@@ -27,6 +27,7 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from study.errors import UserError
+from study.geometry_stopper import geometry_stopper
 from study.space import CONFIG_ID, REPLICATE, SEED, SearchSpace
 from study.status import TrialStatus, configuration_status, trial_status
 
@@ -262,6 +263,8 @@ def make_searcher(space: SearchSpace, seed: int, folder: Path) -> ReplicatedSear
 def make_scheduler(space: SearchSpace):
     if space.scheduler.kind == "none":
         return FIFOScheduler()
+    if space.scheduler.kind == "geometry":
+        return geometry_stopper(space)
     return ASHAScheduler(
         time_attr="epoch",  # reported explicitly: training_iteration restarts when a trial is restored
         metric=space.metrics[0],
