@@ -131,7 +131,13 @@ class StudySearch(OptunaSearch):
             return
         if state is optuna.trial.TrialState.COMPLETE and not all(math.isfinite(v) for v in values):
             state, values = optuna.trial.TrialState.FAIL, None  # Optuna refuses NaN: the trial would stay RUNNING
-        self._ot_study.tell(trial, values if state is optuna.trial.TrialState.COMPLETE else None, state=state)
+        try:
+            self._ot_study.tell(trial, values if state is optuna.trial.TrialState.COMPLETE else None, state=state)
+        except RuntimeError as exc:
+            # The grid sampler calls study.stop() once its grid is used up, which Optuna allows only inside
+            # study.optimize; the trial's state is stored first. Tune's num_samples ends the study instead.
+            if "Study.stop" not in str(exc):
+                raise
         self._completed_trials.add(config_id)
 
 
