@@ -157,4 +157,5 @@ def text_task(
         params={**(params or {}), "tokenizer": tokenizer.name, "chat_tokens": tokenizer.chat, "num_train": num_train,
                 "num_val": num_val},
         shuffle_buffer=cfg.shuffle_buffer,
+        tokenizer=tokenizer,
     )
