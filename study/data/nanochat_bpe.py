@@ -15,6 +15,7 @@ of training again.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -77,7 +78,7 @@ def nanochat_merges(texts: Callable[[], Iterable[str]], text_identity: dict, *, 
                     doc_cap: int, tokenizer_file: str | None = None) -> tuple[dict[bytes, int], str]:
     """(merge ranks, the file they are in): read from tokenizer_file, else from the cache, else trained on
     `texts()` and cached."""
-    from tiktoken.load import dump_tiktoken_bpe, load_tiktoken_bpe
+    from tiktoken.load import load_tiktoken_bpe
 
     from study.data.text import CHAT_SPECIAL_TOKENS
 
@@ -101,9 +102,11 @@ def nanochat_merges(texts: Callable[[], Iterable[str]], text_identity: dict, *, 
                         f"run out before {vocab_size - len(CHAT_SPECIAL_TOKENS)}); use a smaller vocab_size or more "
                         f"text (bpe.max_chars)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # written beside its final name and renamed: trials training the same BPE at once never read half a file
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".partial", delete=False) as partial:
-        pass
-    dump_tiktoken_bpe(merges, partial.name)
+    # tiktoken's ranks format, "<base64 token> <rank>" a line (its dump_tiktoken_bpe needs blobfile for this), written
+    # beside its final name and renamed: trials training the same BPE at once never read half a file
+    lines = "".join(f"{base64.b64encode(token).decode()} {rank}\n"
+                    for token, rank in sorted(merges.items(), key=lambda item: item[1]))
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".partial", delete=False) as partial:
+        partial.write(lines)
     os.replace(partial.name, path)
     return merges, str(path)

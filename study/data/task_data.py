@@ -51,7 +51,8 @@ class TaskData:
     num_val: int | None
     batch_steps: BatchSteps
     params: dict = field(default_factory=dict)  # resolved data settings worth logging (tokenizer, split, sizes)
-    # text: the Tokenizer it was made with, which a later chat stage with tokenizer: nanochat reads with too
+    # text: the Tokenizer it was made with, which a later chat stage with tokenizer: nanochat and the stage's
+    # benchmarks (on rank 0) read with too
     tokenizer: Any = field(default=None, repr=False)
     shuffle_buffer: int = 1024
     epoch_clock: Any = field(default=None, repr=False)  # study.data.epoch.EpochSource for random augmentation
@@ -70,7 +71,6 @@ class TaskData:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["datasets"] = {}  # the datasets stay on the driver; workers use get_dataset_shard
-        state["tokenizer"] = None  # the driver's, for the next stage's data (65k merges the workers do not read)
         return state
 
     def materialize(self) -> None:
