@@ -216,6 +216,21 @@ class RunSpec(BaseModel):
             offset += stage.epochs
         return runs
 
+    def with_tokenizer_file(self, path: str | None) -> "RunSpec":
+        """This run with the BPE its first stage trained (nanochat's, at `path`) named in every dataset that reads
+        nanochat's tokenizer without a file: its later stages, `lapstudy eval` and a re-run then read that BPE."""
+        if not path:
+            return self
+
+        def pinned(dataset):
+            if getattr(dataset, "tokenizer", None) == "nanochat" and not dataset.tokenizer_file:
+                return dataset.model_copy(update={"tokenizer_file": path})
+            return dataset
+
+        return self.model_copy(update={"dataset": pinned(self.dataset), "stages": [
+            stage.model_copy(update={"dataset": pinned(stage.dataset)}) if stage.dataset else stage
+            for stage in self.stages]})
+
     @property
     def train(self) -> TrainConfig:
         return train_config(self.hyperparameters)

@@ -46,7 +46,8 @@ def train_once(path: Path, spec: RunSpec, *, storage: str, tracking_uri: str | N
     task_data = preflight(request, check_configs).task_data
     complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where,
                                         epochs=spec.epochs)
-    spec = spec.model_copy(update={"hyperparameters": complete})
+    spec = spec.model_copy(update={"hyperparameters": complete}).with_tokenizer_file(
+        task_data.params.get("tokenizer_file"))
     if not is_remote(storage):  # the default MLflow store goes in it (preflight refused that for a bucket)
         Path(storage).mkdir(parents=True, exist_ok=True)
     tracking_uri, experiment_id = open_experiment(tracking_uri, Path(storage), EXPERIMENT, must_be_new=False)

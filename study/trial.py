@@ -52,7 +52,7 @@ def trial_driver(config: dict, study: StudyContext) -> None:
                                                epochs=space.epochs)
     spec = space.run_spec(hyperparameters, study.resources, seed=seed,
                           provenance={"study": study.folder.name, "trial_id": trial_id, "trial_name": name,
-                                      **replicate})
+                                      **replicate}).with_tokenizer_file(task_data.params.get("tokenizer_file"))
     study.folder.write_trial_config(trial_id, dump_yaml(spec.document()))
     tags = {TAG_CONFIG: replicate["config_id"], TAG_REPLICATE: str(replicate["replicate"])}
     setup = RunSetup(storage_path=study.folder.train_location,

@@ -147,3 +147,21 @@ def test_wrong_files_sizes_and_settings_are_one_line_errors(tmp_path, monkeypatc
         nanochat_merges(lambda: ["abc abc"], {"tiny": 1}, vocab_size=4096, max_chars=10, doc_cap=10)
     with pytest.raises(ValueError, match="bpe: trains tokenizer: nanochat's BPE; this source has tokenizer: gpt2"):
         FineWebEduConfig(source="fineweb_edu", bpe={"vocab_size": 1024})
+
+
+def test_a_run_names_its_trained_bpe_in_every_dataset_that_reads_it_and_reloads(tmp_path):
+    """After the first stage trained the BPE, the run's config names its file in the pre-training dataset and in the
+    chat stages' (what the later stages, `lapstudy eval` and a re-run read), and that config reads back the same."""
+    from pathlib import Path
+
+    from study.runspec import Resources, RunSpec
+    from study.space import load_space
+
+    space = load_space(Path(__file__).parents[1] / "search_spaces" / "gpt_d20_stages_laptop.yaml")
+    spec = space.run_spec(space.resolve({"max_count": 2}), Resources())
+    assert spec.dataset.tokenizer_file is None
+    pinned = spec.with_tokenizer_file(str(tmp_path / "bpe.tiktoken"))
+    datasets = [pinned.dataset, *(stage.dataset for stage in pinned.stages)]
+    assert [(d.tokenizer, d.tokenizer_file) for d in datasets] == [("nanochat", str(tmp_path / "bpe.tiktoken"))] * 3
+    assert RunSpec.model_validate(pinned.document()) == pinned
+    assert spec.with_tokenizer_file(None) is spec

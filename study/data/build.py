@@ -155,7 +155,7 @@ def text_task(
         num_val=num_val,
         batch_steps=TokenTargets(tokenizer.token_bytes()),
         params={**(params or {}), "tokenizer": tokenizer.name, "chat_tokens": tokenizer.chat, "num_train": num_train,
-                "num_val": num_val},
+                "num_val": num_val, **({"tokenizer_file": tokenizer.file} if tokenizer.file else {})},
         shuffle_buffer=cfg.shuffle_buffer,
         tokenizer=tokenizer,
     )

@@ -15,7 +15,7 @@ from study.data.config import ChatConfig, ChatPart
 from study.data.fetch import check_fetchable
 from study.data.hub import MIRROR_ENV, hub_reachable, local_copy, resolve_parquet_files
 from study.data.task_data import TaskData
-from study.data.text import Tokenizer, TokenTargets, resolve_tokenizer, source_tokenizer
+from study.data.text import Tokenizer, TokenTargets, resolve_tokenizer
 from study.errors import UserError
 
 
@@ -69,10 +69,8 @@ def load_chat(cfg: ChatConfig, seed: int, previous: Tokenizer | None = None) -> 
     the BPE of tokenizer_file, else with `previous`, the tokenizer of the stage before (the one its pre-training
     trained, as nanochat's mid_train and chat_sft read with tok_train's)."""
     check_chat(cfg)
-    if cfg.tokenizer != "nanochat":
+    if cfg.tokenizer != "nanochat" or cfg.tokenizer_file:
         tokenizer = dataclasses.replace(resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file), chat=True)
-    elif cfg.tokenizer_file:
-        tokenizer = source_tokenizer(cfg, lambda: [], {})
     elif previous is not None and previous.kind == "nanochat":
         tokenizer = previous
     else:
@@ -89,6 +87,7 @@ def load_chat(cfg: ChatConfig, seed: int, previous: Tokenizer | None = None) -> 
         num_train=None, num_val=None,
         batch_steps=TokenTargets(tokenizer.token_bytes()),
         params={"source": "chat", "tokenizer": tokenizer.name, "chat_tokens": True, "loss_on": cfg.loss_on,
+                **({"tokenizer_file": tokenizer.file} if tokenizer.file else {}),
                 "train_parts": ",".join(p.name for p in cfg.train), "val_parts": ",".join(p.name for p in cfg.val)},
         shuffle_buffer=cfg.shuffle_buffer,
         tokenizer=tokenizer,

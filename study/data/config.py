@@ -153,7 +153,7 @@ class _TextSource(_Source):
 
     @model_validator(mode="after")
     def _bpe_settings_train_nanochat(self):
-        if self.tokenizer != "nanochat" and "bpe" in self.model_fields_set:
+        if self.tokenizer != "nanochat" and self.bpe != BPETraining():  # (a dumped config holds the defaults)
             raise ValueError(f"bpe: trains tokenizer: nanochat's BPE; this source has tokenizer: {self.tokenizer}")
         return self
 
@@ -480,6 +480,13 @@ class ChatConfig(_TextSource):
     val: list[ChatPart] = Field(min_length=1, description="the validation mixture")
     loss_on: Literal["assistant", "all"] = Field("assistant", description="assistant: SFT's mask; all: mid-training")
     chat_tokens: Literal[True] = True
+
+    @model_validator(mode="after")
+    def _trains_no_bpe(self):
+        if self.bpe != BPETraining():
+            raise ValueError("bpe: a chat source trains no BPE; with tokenizer: nanochat it reads the one the "
+                             "pre-training trained (or tokenizer_file)")
+        return self
 
     def relative_to(self, base: Path):
         def part(p: ChatPart) -> ChatPart:

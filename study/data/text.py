@@ -44,21 +44,23 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|
 _ENCODINGS: dict[str, object] = {}
 
 
-def bpe_tokenizer(kind: str, mergeable_ranks: dict[bytes, int], chat: bool = False) -> "Tokenizer":
+def bpe_tokenizer(kind: str, mergeable_ranks: dict[bytes, int], chat: bool = False, file: str | None = None,
+                  ) -> "Tokenizer":
     """A BPE tokenizer ("gpt2" or "nanochat") over these merges."""
     digest = hashlib.sha1(kind.encode())
     for token, rank in sorted(mergeable_ranks.items(), key=lambda item: item[1]):
         digest.update(token + rank.to_bytes(4, "little"))
-    return Tokenizer(kind, mergeable_ranks, digest.hexdigest(), chat=chat)
+    return Tokenizer(kind, mergeable_ranks, digest.hexdigest(), chat=chat, file=file)
 
 
 def gpt2_tokenizer(mergeable_ranks: dict[bytes, int]) -> "Tokenizer":
     return bpe_tokenizer("gpt2", mergeable_ranks)
 
 
-def nanochat_tokenizer(mergeable_ranks: dict[bytes, int]) -> "Tokenizer":
-    """nanochat's tokenizer: its special tokens are always in its vocabulary, after the merges (<|bos|> first)."""
-    return bpe_tokenizer("nanochat", mergeable_ranks, chat=True)
+def nanochat_tokenizer(mergeable_ranks: dict[bytes, int], file: str | None = None) -> "Tokenizer":
+    """nanochat's tokenizer: its special tokens are always in its vocabulary, after the merges (<|bos|> first);
+    `file`: the ranks file the merges are kept in."""
+    return bpe_tokenizer("nanochat", mergeable_ranks, chat=True, file=file)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class Tokenizer:
     mergeable_ranks: dict[bytes, int] | None = field(default=None, repr=False, compare=False)
     fingerprint: str = ""  # identifies the merge table (the per-process encoder cache key)
     chat: bool = False  # reserve ids for nanochat's chat special tokens after end-of-text (`special_id`)
+    file: str | None = field(default=None, compare=False)  # nanochat's: the trained BPE's ranks file (a run names it)
 
     @property
     def name(self) -> str:
@@ -197,8 +200,11 @@ def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
     if kind == "byte":
         return Tokenizer("byte")
     if kind == "nanochat":
-        raise UserError("dataset.tokenizer: nanochat is trained on a pre-training source's documents (fineweb_edu, "
-                        "wikitext103, pg19, text_files, pydoc_text), or read from dataset.tokenizer_file")
+        if not tokenizer_file:
+            raise UserError("dataset.tokenizer: nanochat is trained on a pre-training source's documents (fineweb_edu, "
+                            "wikitext103, pg19, text_files, pydoc_text), or read from dataset.tokenizer_file")
+        path = os.path.expanduser(tokenizer_file)
+        return nanochat_tokenizer(_ranks_from_file(path), path)
     if tokenizer_file:
         return gpt2_tokenizer(_ranks_from_file(os.path.expanduser(tokenizer_file)))
     if gpt2_available():
@@ -223,9 +229,10 @@ def source_tokenizer(cfg, training_texts: Callable[[], Iterable[str]], text_iden
         return resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
     from study.data.nanochat_bpe import nanochat_merges
 
-    merges, _ = nanochat_merges(training_texts, text_identity, vocab_size=cfg.bpe.vocab_size,
-                                max_chars=cfg.bpe.max_chars, doc_cap=cfg.bpe.doc_cap, tokenizer_file=cfg.tokenizer_file)
-    return nanochat_tokenizer(merges)
+    merges, path = nanochat_merges(training_texts, text_identity, vocab_size=cfg.bpe.vocab_size,
+                                   max_chars=cfg.bpe.max_chars, doc_cap=cfg.bpe.doc_cap,
+                                   tokenizer_file=cfg.tokenizer_file)
+    return nanochat_tokenizer(merges, path)
 
 
 class TokenTargets:
