@@ -528,6 +528,8 @@ class SearchSpace(_Strict):
         planned = []
         for name, _, stage in first.stage_runs():
             known = stage.dataset.model_keys() if hasattr(stage.dataset, "model_keys") else {}
+            if getattr(stage.dataset, "tokenizer", None) == "nanochat" and "vocab_size" not in known and planned:
+                known["vocab_size"] = planned[-1][1].hyperparameters["vocab_size"]  # it reads the BPE before it
             if name is None:
                 where = "hyperparameters"
             else:  # as study/stages.py: the keys the stage carries forward are not the data's to set

@@ -481,6 +481,13 @@ class ChatConfig(_TextSource):
     loss_on: Literal["assistant", "all"] = Field("assistant", description="assistant: SFT's mask; all: mid-training")
     chat_tokens: Literal[True] = True
 
+    def model_keys(self) -> dict:
+        """With nanochat's tokenizer and no file, the BPE (so the vocabulary) is the stage before's."""
+        known = super().model_keys()
+        if self.tokenizer == "nanochat" and not self.tokenizer_file:
+            known.pop("vocab_size")
+        return known
+
     @model_validator(mode="after")
     def _trains_no_bpe(self):
         if self.bpe != BPETraining():
