@@ -24,8 +24,8 @@ class MixerModel(nn.Module):
 
     Subclasses build their layers with ``_build_blocks``, which sets ``self.blocks`` (each with a ``.mixer``) and
     ``self.mixer_kinds`` (the registry name per layer).
-    Mixers may implement ``regularization_loss()``, ``set_training_step(step, total_steps)``, ``stats()`` and
-    ``slow_parameters()``; attention implements none of them. Subclasses also have ``norm`` (the final norm) and
+    Mixers may implement ``regularization_loss()``, ``set_training_step(step, total_steps)``, ``stats()``,
+    ``slow_parameters()`` and ``start_node_count()`` / ``stop_node_count()``; attention implements none of them. Subclasses also have ``norm`` (the final norm) and
     ``pool(tokens)`` (what the classifier or output head reads of the tokens).
     """
 
@@ -67,12 +67,18 @@ class MixerModel(nn.Module):
     def _mixers_with(self, method: str):
         return [block.mixer for block in self.blocks if hasattr(block.mixer, method)]
 
+    def layer_names(self) -> list[str]:
+        """What the per-layer metrics call each block's layer (``l3``), in the order of ``blocks``."""
+        return [f"l{layer}" for layer in range(len(self.blocks))]
+
     def regularization_loss(self) -> torch.Tensor:
-        """Sum of the mixers' regularisers (zero for a pure-attention model): add it to the task loss."""
+        """Mean of the mixers' regularisers over the layers that have one (zero for a pure-attention model): add it
+        to the task loss. A mean, not a sum, so that the penalty keeps the scale of one layer's (docs/stlt.md)."""
         total = torch.zeros((), device=next(self.parameters()).device)
-        for mixer in self._mixers_with("regularization_loss"):
+        mixers = self._mixers_with("regularization_loss")
+        for mixer in mixers:
             total = total + mixer.regularization_loss()
-        return total
+        return total / max(len(mixers), 1)
 
     def set_training_step(self, step: int, total_steps: int) -> None:
         """Call once per optimiser step: drives schedules inside mixers (temperatures, regulariser start)."""
@@ -80,12 +86,29 @@ class MixerModel(nn.Module):
             mixer.set_training_step(step, total_steps)
 
     def mixer_stats(self) -> dict[str, float]:
-        """Per-layer statistics of the mixers for logging, e.g. ``{"stlt_s_eff_l3": 21.5, "stlt_T_l3": 8.0}``."""
+        """Per-layer statistics of the mixers for logging, e.g. ``{"stlt_T_l3": 8.0}``."""
         stats = {}
-        for layer, (kind, block) in enumerate(zip(self.mixer_kinds, self.blocks)):
+        for name, kind, block in zip(self.layer_names(), self.mixer_kinds, self.blocks):
             if hasattr(block.mixer, "stats"):
-                stats.update({f"{kind}_{key}_l{layer}": value for key, value in block.mixer.stats().items()})
+                stats.update({f"{kind}_{key}_{name}": value for key, value in block.mixer.stats().items()})
         return stats
+
+    @contextmanager
+    def counting_active_nodes(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Within it, every forward in evaluation mode counts each gated layer's active nodes; on exit the dict it
+        yielded holds, per such layer (``stlt_s_eff_l3``), [active (row, node) pairs, rows] (float64) over those
+        forwards, so that S_eff = active / rows (a row: a sequence of a bilateral layer, a position of a causal
+        one). Sums, so that workers' counts add up."""
+        counted = {f"{kind}_s_eff_{name}": block.mixer
+                   for name, kind, block in zip(self.layer_names(), self.mixer_kinds, self.blocks)
+                   if hasattr(block.mixer, "start_node_count")}
+        for mixer in counted.values():
+            mixer.start_node_count()
+        counts: dict[str, torch.Tensor] = {}
+        try:
+            yield counts
+        finally:
+            counts.update({name: mixer.stop_node_count() for name, mixer in counted.items()})
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that never get weight decay besides biases and norms (overridden per model)."""

@@ -271,15 +271,10 @@ class EncoderDecoder(MixerModel):
     def blocks(self) -> list[nn.Module]:
         return [*self.encoder_layers, *self.decoder_layers]
 
-    def mixer_stats(self) -> dict[str, float]:
-        """``{"stlt_s_eff_enc3": ..., "stlt_T_dec0": ...}``: per layer of each stack."""
-        stats, kinds = {}, iter(self.mixer_kinds)
-        for stack, layers in (("enc", self.encoder_layers), ("dec", self.decoder_layers)):
-            for layer, block in enumerate(layers):
-                kind = next(kinds)
-                if hasattr(block.mixer, "stats"):
-                    stats.update({f"{kind}_{key}_{stack}{layer}": v for key, v in block.mixer.stats().items()})
-        return stats
+    def layer_names(self) -> list[str]:
+        """``enc0 ... dec0 ...``: per layer of each stack, in the order of ``blocks``."""
+        return [f"enc{layer}" for layer in range(len(self.encoder_layers))] + [
+            f"dec{layer}" for layer in range(len(self.decoder_layers))]
 
     def _embed(self, table: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = table(tokens) * self.embed_scale

@@ -19,7 +19,7 @@ from study.evals.evaluate import check_evaluations
 from study.folder import SPACE_FILE, StudyFolder, StudyRecord
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial, trial_driver_resources
-from study.results import load_records, summary
+from study.results import format_params, load_records, study_best, summary
 from study.runspec import Resources, complete_hyperparameters
 from study.search import JOURNAL_FILE, make_scheduler, make_searcher
 from study.session import DRIVER_FILE, previous_driver, record_driver
@@ -30,7 +30,15 @@ from study.provenance import provenance
 from study.report import REPORT_DIR, write_report
 from study.status import TrialStatus
 from study.storage import join
-from study.tracking import close_run, local_store, open_experiment, open_study_run, redact, without_credentials
+from study.tracking import (
+    close_run,
+    local_store,
+    open_experiment,
+    open_study_run,
+    record_study_best,
+    redact,
+    without_credentials,
+)
 from study.trainer import plan_run
 from study.trial import StudyContext, trial_driver, trial_name
 
@@ -126,6 +134,13 @@ def run_study(options: RunOptions, space: SearchSpace, name: str) -> int:
     print(summary(records, space, folder), flush=True)
     print(f"report: {write_report(folder)}", flush=True)
     folder.push(REPORT_DIR)
+    best = study_best(records, space.metrics, space.modes)
+    if best is not None:
+        over = f" (mean of {best.replicates} seeds)" if best.replicates > 1 else ""
+        described = ", ".join(f"{m} {v:.4f}" for m, v in best.metrics.items())
+        record_study_best(tracking_uri, experiment_id, study_run_id, best.metrics,
+                          {t.trial_id: t.mlflow_run_id for t in best.trials},
+                          f"{format_params(best.sampled)}: {described}{over}")
     failed = every_trial_failed(records)
     close_run(tracking_uri, experiment_id, run_id=study_run_id, trial_id=None,
               status=TrialStatus.FAILED if failed else TrialStatus.COMPLETED, error=failed)

@@ -30,7 +30,7 @@ from study.host import InProcessHost, TrainWorkerHost
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import CHECKPOINT_FILE, TrainState
 from study.tasks import StepSettings, Task, task_class
-from study.tracking import RAY_ONLY_KEYS, RunLogger, TrackingTarget, run_params
+from study.tracking import RAY_ONLY_KEYS, RunLogger, TrackingTarget, dataset_input, run_params
 from study.worker import seed_everything
 from study.yamlio import dump_yaml
 
@@ -246,7 +246,7 @@ def _open_run(target: TrackingTarget | None, spec: RunSpec, num_params: int, dat
     if target is None:
         return None
     logger = RunLogger(target, run_params(spec, num_params, data_params), dump_yaml(spec.document()),
-                       system_metrics=True)
+                       datasets=[dataset_input(spec.dataset.model_dump(mode="json"))], system_metrics=True)
     for past in state.history:
         logger.log_epoch(past["epoch"], past)
     state.mlflow_run_id = logger.run_id or state.mlflow_run_id

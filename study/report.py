@@ -217,10 +217,12 @@ def _figures(report: Report, space: SearchSpace, groups: list[Configuration], co
             "Each block's output through the final norm, at the last epoch, for every trial that ran every epoch.",
             lambda path, v=values, t=labels, n=name: figures.layers_by_trial(v, t, path, f"{n} per layer"))
     importances = _importances(folder, space)
-    if isinstance(importances, dict) and importances:
+    if isinstance(importances, tuple) and importances[0]:
+        importances, used, left_out = importances
         add("Parameter importance", "importance.png",
             "Optuna's PED-ANOVA importance of each parameter for the objective the sampler saw (per configuration: "
-            "the mean over its replicates).",
+            f"the mean over its replicates), from the {used} configurations that ran every epoch of every replicate"
+            + (f"; {left_out} stopped early or failed are left out" if left_out else "") + ".",
             lambda path: figures.bars(importances, path, "parameter importance (PED-ANOVA)", "importance"))
     elif isinstance(importances, str):
         report.notes.append(f"Parameter importance: {importances}")
@@ -256,7 +258,9 @@ def _layer_tables(trials: list[TrialRecord]) -> dict[str, tuple[list[str], np.nd
     return tables
 
 
-def _importances(folder: StudyFolder, space: SearchSpace) -> dict[str, float] | str:
+def _importances(folder: StudyFolder, space: SearchSpace) -> tuple[dict[str, float], int, int] | str:
+    """Optuna's importances over the journal's COMPLETE trials (configurations that ran every epoch), how many those
+    are and how many finished otherwise; or why there are none."""
     journal = folder.path / JOURNAL_FILE
     if not journal.is_file():
         return "no Optuna journal in the study folder (a study started before it was kept)"
@@ -265,7 +269,10 @@ def _importances(folder: StudyFolder, space: SearchSpace) -> dict[str, float] | 
     try:
         storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
         study = optuna.load_study(study_name=space.name, storage=storage)
-        return dict(optuna.importance.get_param_importances(study))
+        states = [t.state for t in study.trials]
+        finished_otherwise = sum(s in (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL) for s in states)
+        return (dict(optuna.importance.get_param_importances(study)),
+                states.count(optuna.trial.TrialState.COMPLETE), finished_otherwise)
     except Exception as exc:  # noqa: BLE001 - too few configurations, a single value per parameter, ...
         return f"not computed ({short_error(exc)})"
 

@@ -93,6 +93,34 @@ def best_configurations(groups: list[Configuration], metrics: list[str], modes: 
     return _rank(complete, lambda g: [g.summary(m).mean for m in metrics], modes)
 
 
+@dataclass(frozen=True)
+class StudyBest:
+    """What a study found, for its MLflow run: the best configuration's values and metrics (with replicates, the
+    means over seeds that ran every epoch), its trials and how many replicates the means are over."""
+
+    sampled: dict
+    metrics: dict[str, float]
+    trials: list[TrialRecord]
+    replicates: int
+
+
+def study_best(records: list[TrialRecord], metrics: list[str], modes: list[str]) -> StudyBest | None:
+    """The best configuration by the first metric (a Pareto set's first, with several), from full-length runs only;
+    None while nothing ran every epoch."""
+    groups = configurations(records)
+    if any(len(g.trials) > 1 for g in groups):
+        best = best_configurations(groups, metrics, modes)
+        if not best:
+            return None
+        group = best[0]
+        return StudyBest(group.sampled, {m: group.summary(m).mean for m in metrics}, group.completed(),
+                         len(group.completed()))
+    best = best_records(records, metrics, modes)
+    if not best:
+        return None
+    return StudyBest(best[0].sampled, {m: metric_value(best[0], m) for m in metrics}, [best[0]], 1)
+
+
 def baseline_configuration(groups: list[Configuration], space) -> Configuration | None:
     return next((g for g in groups if space.is_baseline(g.sampled)), None)
 

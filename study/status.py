@@ -1,7 +1,8 @@
 """A trial's status: the one rule that turns what Ray Tune knows about a trial into what `lapstudy` reports.
 
 The same rule names the status in `lapstudy status`, the progress lines, the MLflow tag `lapstudy.status` with the
-run's final MLflow status, and the exit code of `lapstudy train`.
+run's final MLflow status, the state of the configuration's trial in the study's Optuna journal, and the exit code of
+`lapstudy train`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ class TrialStatus(str, Enum):
     def mlflow_status(self) -> str:
         """The MLflow run status a run of this trial ends with."""
         return {TrialStatus.COMPLETED: "FINISHED", TrialStatus.EARLY_STOPPED: "KILLED"}.get(self, "FAILED")
+
+    @property
+    def optuna_state(self) -> str:
+        """The name of the Optuna TrialState a configuration of this status has in the study's journal."""
+        return {TrialStatus.PENDING: "WAITING", TrialStatus.RUNNING: "RUNNING", TrialStatus.COMPLETED: "COMPLETE",
+                TrialStatus.EARLY_STOPPED: "PRUNED", TrialStatus.FAILED: "FAIL"}[self]
+
+
+def configuration_status(statuses) -> TrialStatus:
+    """The status of a configuration from its replicates': failed when one failed, running until all have finished,
+    stopped early when the scheduler stopped one, completed only when every one ran every epoch. Its value is the
+    replicates' mean only when completed: a mean over runs of different lengths would say nothing."""
+    statuses = set(statuses)
+    if TrialStatus.FAILED in statuses:
+        return TrialStatus.FAILED
+    if not all(status.finished for status in statuses):
+        return TrialStatus.PENDING if statuses == {TrialStatus.PENDING} else TrialStatus.RUNNING
+    return TrialStatus.EARLY_STOPPED if TrialStatus.EARLY_STOPPED in statuses else TrialStatus.COMPLETED
 
 
 def trial_status(tune_status: str, result: dict | None, epochs: int, *, error: str | None = None,

@@ -25,6 +25,7 @@ from study.tracking import (
     RunLogger,
     TrackingTarget,
     close_run,
+    dataset_input,
     epoch_metrics,
     find_study_run,
     find_trial_run,
@@ -94,7 +95,8 @@ def _sync_trial(folder: StudyFolder, tracking_uri: str, experiment_id: str, reco
                      TAG_REPLICATE: str(spec.provenance.get("replicate", 0))}
         target = TrackingTarget(tracking_uri, experiment_id, record.name, record.trial_id, folder.name,
                                 parent_run_id=find_study_run(client, experiment_id), tags=replicate)
-        logger = RunLogger(target, run_params(spec, num_params), dump_yaml(spec.document()))
+        logger = RunLogger(target, run_params(spec, num_params), dump_yaml(spec.document()),
+                           datasets=[dataset_input(spec.dataset.model_dump(mode="json"))])
         if logger.run_id is None:
             raise ConnectionError("the run could not be created")
         run_id = logger.run_id

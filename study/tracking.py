@@ -18,12 +18,15 @@ study folder) still hold every reported metric.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
 import re
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -37,10 +40,10 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 from dataclasses import dataclass, field  # noqa: E402
 
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag  # noqa: E402
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID  # noqa: E402
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE  # noqa: E402
 
 from study.data.hub import probe_url  # noqa: E402
 from study.errors import UserError  # noqa: E402
@@ -57,6 +60,8 @@ TAG_ERROR = "lapstudy.error"
 TAG_CHECKPOINT = "lapstudy.checkpoint"
 TAG_CONFIG, TAG_REPLICATE = "lapstudy.config_id", "lapstudy.replicate"
 TAG_STUDY_RUN = "lapstudy.study_run"  # "true" on the study's own run, the parent of its trial runs
+# On the study's run: its best configuration's trial ids and their MLflow runs (comma-separated).
+TAG_BEST_TRIALS, TAG_BEST_RUNS = "lapstudy.best_trial_ids", "lapstudy.best_run_ids"
 # The MLflow UI opens an experiment in the layout its kind names: model training, not GenAI.
 EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 # How MLflow clients authenticate (https://mlflow.org/docs/latest/auth): handed to the Train workers in memory.
@@ -197,6 +202,24 @@ def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, tria
         log.warning("MLflow: could not close run %s (%s): %s", run_id, status, short_error(exc))
 
 
+def record_study_best(tracking_uri: str, experiment_id: str, study_run_id: str, best: dict[str, float],
+                      trial_runs: dict[str, str | None], description: str) -> None:
+    """The study's run gets what the study found: `best/<metric>` metrics, the best trials' ids and runs as tags,
+    and a note (the run's description in the MLflow UI) linking each best run. Best-effort, as close_run."""
+    try:
+        client = MlflowClient(tracking_uri)
+        now = int(time.time() * 1000)
+        links = ", ".join(f"[trial {trial}](#/experiments/{experiment_id}/runs/{run})" if run else f"trial {trial}"
+                          for trial, run in trial_runs.items())
+        client.log_batch(study_run_id, metrics=[Metric(f"best/{k}", float(v), now, 0) for k, v in best.items()
+                                                if math.isfinite(v)],
+                         tags=[RunTag(TAG_BEST_TRIALS, ",".join(trial_runs)),
+                               RunTag(TAG_BEST_RUNS, ",".join(r for r in trial_runs.values() if r)),
+                               RunTag(MLFLOW_RUN_NOTE, f"Best: {description}; {links}")])
+    except Exception as exc:  # noqa: BLE001 - a lost tracking server must not take the study down
+        log.warning("MLflow: could not record the study's best in run %s: %s", study_run_id, short_error(exc))
+
+
 def epoch_metrics(epoch: int, values: dict) -> list[Metric]:
     """One epoch's MLflow metrics (step = epoch): its finite numbers, with the `epoch` marker last so that a run's
     epoch history lists only epochs whose metrics are all in."""
@@ -221,13 +244,41 @@ class TrackingTarget:
 
 
 def run_params(spec: RunSpec, num_params: int, data: dict | None = None) -> dict[str, str]:
-    """MLflow params: every resolved hyperparameter under its space name, plus task, seed, epochs, the dataset as
-    configured and, from the trial itself, what the data resolved to (`data.*`: split sizes, tokenizer, ...)."""
+    """MLflow params: every resolved hyperparameter under its space name, plus task, seed, epochs and, from the trial
+    itself, what the data resolved to (`data.*`: split sizes, tokenizer, ...). The dataset itself is the run's
+    input (dataset_input)."""
     extra = {"task": spec.task, "seed": spec.seed, "epochs": spec.epochs, "num_params": num_params,
-             "workers": spec.resources.workers, "dataset": spec.dataset.model_dump(mode="json")}
+             "workers": spec.resources.workers}
     if data:
         extra["data"] = data
     return flat_params(spec.hyperparameters, extra)
+
+
+def dataset_input(dataset: dict) -> DatasetInput:
+    """The run's data as MLflow records datasets (mlflow.log_input): a name, its source (a hub repository, a local or
+    remote path, or the project's own generator for the built-in sources) and a digest of the dataset as configured,
+    so that runs on the same data share it (what it resolved to, split sizes and tokenizer, is in the `data.*`
+    params)."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+    from mlflow.data.meta_dataset import MetaDataset
+
+    hub = dataset.get("hub_id") or (dataset.get("name") if dataset.get("source") == "hf" else None)
+    path = dataset.get("local_dir") or dataset.get("path")
+    if path:
+        with warnings.catch_warnings():  # a local path matches the local-artifact source twice: the same one
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(str(path))
+    elif hub:
+        source = HuggingFaceDatasetSource(hub, config_name=dataset.get("config_name") or dataset.get("sample"),
+                                          revision=dataset.get("revision"))
+    else:
+        source = CodeDatasetSource({"lapstudy.source": dataset["source"]})
+    described = json.dumps(dataset, sort_keys=True, default=str)
+    name = dataset["source"] + (f":{hub}" if hub else f":{Path(str(path)).name}" if path else "")
+    meta = MetaDataset(source, name=name, digest=hashlib.sha256(described.encode()).hexdigest()[:12])
+    return DatasetInput(meta._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])
 
 
 def flat_params(hyperparameters: dict, extra: dict) -> dict[str, str]:
@@ -248,8 +299,8 @@ class RunLogger:
     to the run as `system/*` until `close()`."""
 
     def __init__(self, target: TrackingTarget, params: dict[str, str], config_yaml: str, *,
-                 system_metrics: bool = False):
-        self.target, self.params, self.config_yaml = target, params, config_yaml
+                 datasets: list[DatasetInput] = (), system_metrics: bool = False):
+        self.target, self.params, self.config_yaml, self.datasets = target, params, config_yaml, list(datasets)
         self.experiment_id, self.trial_id = target.experiment_id, target.trial_id
         self.run_id: str | None = None
         self._logged_steps: set[int] = set()
@@ -295,6 +346,8 @@ class RunLogger:
                 items = list(self.params.items())
                 for start in range(0, len(items), PARAMS_PER_BATCH):
                     client.log_batch(self.run_id, params=[Param(k, v) for k, v in items[start:start + PARAMS_PER_BATCH]])
+                if self.datasets:
+                    client.log_inputs(self.run_id, datasets=self.datasets)
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "config.yaml"
                     path.write_text(self.config_yaml)

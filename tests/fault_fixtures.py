@@ -417,14 +417,14 @@ def mlflow_runs(tracking_uri: str, experiment: str) -> dict[str, list[dict]]:
 
 
 def study_run(tracking_uri: str, experiment: str) -> dict:
-    """The study's own MLflow run (the parent of its trial runs): id, status, tags, params."""
+    """The study's own MLflow run (the parent of its trial runs): id, status, tags, params, metrics."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     [run] = client.search_runs([found.experiment_id], filter_string="tags.`lapstudy.study_run` = 'true'")
     return {"run_id": run.info.run_id, "status": run.info.status, "tags": dict(run.data.tags),
-            "params": dict(run.data.params)}
+            "params": dict(run.data.params), "metrics": dict(run.data.metrics)}
 
 
 def study_records(study_dir: Path, experiment: str, tracking_uri: str | None = None) -> tuple[dict, dict]:

@@ -50,7 +50,7 @@ def run_trials(searcher, prefix: str, count: int) -> list[dict]:
     for i in range(count):
         config = searcher.suggest(f"{prefix}{i}")
         assert isinstance(config, dict), (prefix, i, config)
-        searcher.on_trial_complete(f"{prefix}{i}", objectives(config))
+        searcher.on_trial_complete(f"{prefix}{i}", {**objectives(config), "epoch": searcher.epochs})  # ran in full
         configs.append({"lr": config["lr"], "k": config["k"]})
     return configs
 

@@ -84,8 +84,10 @@ def test_initialisation_follows_the_design():
 
 
 def test_regulariser_on_a_hand_computed_case():
-    """Eval-mode hard masks from a gate that reads channel 0: m_bar = (3/4, 1/4, 1) over four sequences."""
-    mixer = make_mixer(False, S=3, lambda_omega=0.3, lambda_sigma=0.7, lambda_mask=0.11, reg_start_step=5)
+    """Eval-mode hard masks from a gate that reads channel 0: m_bar = (3/4, 1/4, 1) over four sequences. Each of
+    the write-up's sums is a mean over its terms: three nodes, two neighbour pairs."""
+    mixer = make_mixer(False, S=3, lambda_omega=0.3, lambda_sigma=0.7, lambda_mask=0.11, reg_start_step=5,
+                       eval_gate="hard")
     sigma = torch.tensor([0.1, 0.5, 2.0], dtype=torch.float64)
     omega = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
     with torch.no_grad():
@@ -98,13 +100,12 @@ def test_regulariser_on_a_hand_computed_case():
     x[:, :, 0] = torch.tensor([1.0, 1.0, -1.0, 1.0])[:, None]
     mixer.eval()(x)
     m = [0.75, 0.25, 1.0]
-    expected = (0.3 * (0.3 * m[0] + 1.0 * m[1] + 2.0 * m[2])
-                + 0.7 * ((0.5 - 0.1) ** 2 * m[1] * m[0] + (2.0 - 0.5) ** 2 * m[2] * m[1])
-                + 0.11 * sum(m))
+    expected = (0.3 * (0.3 * m[0] + 1.0 * m[1] + 2.0 * m[2]) / 3
+                + 0.7 * ((0.5 - 0.1) ** 2 * m[1] * m[0] + (2.0 - 0.5) ** 2 * m[2] * m[1]) / 2
+                + 0.11 * sum(m) / 3)
     assert mixer.regularization_loss().item() == 0.0  # before reg_start_step
     mixer.set_training_step(5, 100)
     assert mixer.regularization_loss().item() == pytest.approx(expected, rel=1e-9)
-    assert mixer.stats()["s_eff"] == pytest.approx(2.0)
 
 
 def test_regulariser_trains_the_gate_and_the_nodes():
@@ -175,7 +176,7 @@ def test_training_mask_is_a_relaxed_bernoulli_of_the_logits():
     mask = mixer.train().node_mask(logits)
     assert ((mask > 0.05) & (mask < 0.95)).float().mean() > 0.05  # relaxed: a share of draws is far from 0 and 1
     torch.testing.assert_close((mask > 0.5).double().mean(0), torch.sigmoid(logits[0]), rtol=0, atol=0.015)
-    assert torch.equal(mixer.eval().node_mask(logits), (logits > 0).double())
+    assert torch.equal(mixer.eval().node_mask(logits), torch.sigmoid(logits))  # all over 0.01: alpha itself
 
 
 def test_tau_schedule_holds_then_anneals_geometrically():
@@ -238,9 +239,10 @@ def test_eval_with_every_node_off_returns_the_output_bias():
     mixer = make_mixer(False).eval()
     with torch.no_grad():
         mixer.gate_bias.fill_(-50.0)
+    mixer.start_node_count()
     y = mixer(torch.randn(2, 5, 12, dtype=torch.float64))
     torch.testing.assert_close(y, mixer.out_proj.bias.expand_as(y))
-    assert mixer.stats()["s_eff"] == 0.0
+    assert mixer.stop_node_count().tolist() == [0.0, 2.0]  # no node in either sequence
 
 
 # Integration with the models package: config keys, errors, hooks.
@@ -254,10 +256,13 @@ def test_models_with_stlt_layers_expose_the_hooks():
     assert model.blocks[0].mixer.num_nodes == 5 and model.blocks[0].mixer.causal
     model(torch.randint(0, 257, (2, 16)))
     stats = model.mixer_stats()
-    assert set(stats) == {"stlt_s_eff_l0", "stlt_T_l0", "stlt_s_eff_l2", "stlt_T_l2"}
+    assert set(stats) == {"stlt_T_l0", "stlt_T_l2"}
     assert stats["stlt_T_l0"] == pytest.approx(6.0)
-    reg = model.regularization_loss()
-    assert reg.item() == pytest.approx(sum(model.blocks[i].mixer.regularization_loss().item() for i in (0, 2)))
+    model.set_training_step(8000, 10000)
+    model.train()(torch.randint(0, 257, (2, 16)))
+    reg = model.regularization_loss()  # the mean over the STLT layers
+    assert reg.item() > 0
+    assert reg.item() == pytest.approx(sum(model.blocks[i].mixer.regularization_loss().item() for i in (0, 2)) / 2)
     groups = model.param_groups(weight_decay=0.1, slow_lr_scale=0.1)
     slow = [g for g in groups if g["lr_scale"] == 0.1]
     assert len(slow) == 1 and {id(p) for p in slow[0]["params"]} == {
@@ -305,3 +310,94 @@ def test_bad_stlt_configs_name_the_field(config, field):
         build_model({"preset": "vit_tiny_digits", **config})
     assert info.value.field == field
     assert "must" in str(info.value) or "only used" in str(info.value)
+
+
+# The evaluation's gate and S_eff, against their definitions.
+
+
+def _alpha(mixer, x, keep=None):
+    """sigmoid(W pool(x) + b) written out: the mean over the sequence's tokens (bilateral) or the prefix mean up to
+    each position (causal); `keep` (B, N) 1 at tokens, 0 at padding."""
+    keep = torch.ones(x.shape[:2], dtype=x.dtype) if keep is None else keep
+    if mixer.causal:
+        pooled = (x * keep[..., None]).cumsum(dim=1) / keep.cumsum(dim=1).clamp(min=1)[..., None]
+    else:
+        pooled = (x * keep[..., None]).sum(dim=1) / keep.sum(dim=1, keepdim=True)
+    return torch.sigmoid(pooled @ mixer.gate_weight.T + mixer.gate_bias)
+
+
+def _spread_gates(mixer):
+    """Gate probabilities from about 1 to about 0 across the nodes, moving with the input."""
+    with torch.no_grad():
+        mixer.gate_weight.normal_(0, 0.5)
+        mixer.gate_bias.copy_(torch.linspace(5, -7, mixer.num_nodes))
+    return mixer
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_eval_gate_weighs_nodes_by_alpha_and_skips_those_under_a_hundredth(causal, monkeypatch):
+    """The write-up's inference rule (soft, the default): mask alpha_k, 0 where alpha_k < 0.01, and a node under
+    0.01 in every row of the batch is not computed; the named option hard: 1[alpha > 0.5]."""
+    mixer = _spread_gates(make_mixer(causal, S=8)).eval()
+    x = torch.randn(3, 10, 12, dtype=torch.float64)
+    alpha = _alpha(mixer, x)
+    assert ((alpha > 0.01) & (alpha < 0.5)).any() and (alpha < 0.01).any()
+    seen = []
+    real_mix = mixer_module.stlt_mix
+    monkeypatch.setattr(mixer_module, "stlt_mix", lambda *a, **k: seen.append(a[1].shape[0]) or real_mix(*a, **k))
+    for gate, mask in (("soft", torch.where(alpha >= 0.01, alpha, 0.0)), ("hard", (alpha > 0.5).double())):
+        mixer.eval_gate = gate
+        with torch.no_grad():
+            y = mixer(x)
+            full = mixer.out_proj(real_mix(mixer.value(x), mixer.sigma, mixer.omega, mixer.T, mixer.C, mask,
+                                           causal=causal, backend="reference"))
+        torch.testing.assert_close(y, full, rtol=1e-10, atol=1e-12)
+        computed = (mask.reshape(-1, 8) > 0).any(dim=0).sum().item()
+        assert seen[-1] == computed < 8, gate
+    assert seen[0] > seen[1]  # the soft gate keeps the nodes between 0.01 and 0.5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_active_nodes_are_counted_over_every_evaluation_forward_and_nothing_else(causal):
+    """[active (row, node) pairs, rows] over several evaluation forwards of different sizes, padding included:
+    rows are sequences (bilateral) or unpadded positions (causal), active nodes those with alpha >= 0.01."""
+    mixer = _spread_gates(make_mixer(causal, S=7))
+    batches = [torch.randn(2, 9, 12, dtype=torch.float64), torch.randn(5, 4, 12, dtype=torch.float64)]
+    padding = torch.zeros(5, 4, dtype=torch.bool)
+    padding[1, 2:], padding[3, 1:] = True, True
+    mixer.train()(batches[0])  # training forwards do not count, nor those before counting starts
+    mixer.eval()(batches[1])
+    mixer.start_node_count()
+    with torch.no_grad():
+        mixer(batches[0])
+        mixer(batches[1], padding_mask=padding)
+        mixer.train()(batches[0])
+    count = mixer.stop_node_count()
+    active = rows = 0
+    for x, keep in ((batches[0], None), (batches[1], (~padding).double())):
+        alpha = _alpha(mixer, x, keep)
+        if causal:
+            real = torch.ones(x.shape[:2], dtype=torch.bool) if keep is None else keep.bool()
+            active, rows = active + (alpha >= 0.01)[real].sum().item(), rows + real.sum().item()
+        else:
+            active, rows = active + (alpha >= 0.01).sum().item(), rows + x.shape[0]
+    assert count.tolist() == [active, rows]
+    assert 0 < active < 7 * rows
+    mixer.eval()(batches[0])  # counting has stopped
+    assert mixer._node_count is None
+
+
+def test_models_name_each_gated_layers_count_as_their_other_metrics():
+    gpt = build_model({"model": "gpt", "dim": 16, "depth": 3, "num_heads": 2, "context_length": 8,
+                       "mixer": ["stlt", "attention", "stlt"], "stlt_nodes": 3}).eval()
+    with torch.no_grad(), gpt.counting_active_nodes() as counts:
+        gpt(torch.randint(0, 257, (2, 8)))
+        gpt(torch.randint(0, 257, (1, 5)))
+    assert set(counts) == {"stlt_s_eff_l0", "stlt_s_eff_l2"} and counts["stlt_s_eff_l0"][1] == 2 * 8 + 5
+    encdec = build_model({"model": "encdec", "vocab_size": 40, "dim": 16, "depth": 2, "num_heads": 2,
+                          "mixer": "stlt", "decoder_mixer": "stlt", "stlt_nodes": 3}).eval()
+    with torch.no_grad(), encdec.counting_active_nodes() as counts:
+        encdec(torch.randint(4, 40, (3, 6)), torch.randint(4, 40, (3, 5)))
+    assert set(counts) == {"stlt_s_eff_enc0", "stlt_s_eff_enc1", "stlt_s_eff_dec0", "stlt_s_eff_dec1"}
+    assert counts["stlt_s_eff_enc0"][1] == 3 and counts["stlt_s_eff_dec0"][1] == 3 * 5
+    assert set(encdec.mixer_stats()) == {"stlt_T_enc0", "stlt_T_enc1", "stlt_T_dec0", "stlt_T_dec1"}

@@ -14,7 +14,7 @@ from models.stlt import fftconv, matmul, op, stlt_mix
 from models.stlt.chunked import stlt_mix_chunked
 from models.stlt.fftconv import stlt_mix_fft
 from models.stlt.matmul import stlt_mix_matmul
-from tests.stlt_fixtures import make_inputs, one_thread  # noqa: F401
+from tests.stlt_fixtures import assert_causal, make_inputs, one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,6 +86,15 @@ def test_torch_algorithms_match_reference_forward_and_backward(algorithm, causal
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     for name, got, ref in zip(("x", "sigma", "omega", "T", "C", "mask"), grads, g_ref):
         torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", *TORCH_ALGORITHMS])
+@pytest.mark.parametrize("per_position", [False, True])
+def test_every_cpu_backend_is_causal(backend, per_position):
+    """Each backend on its own, not through its agreement with the reference: a causal mix never reads a later
+    position, forward or backward."""
+    fn = TORCH_ALGORITHMS[backend] if backend in TORCH_ALGORITHMS else partial(stlt_mix, backend=backend)
+    assert_causal(fn, per_position=per_position)
 
 
 @pytest.mark.parametrize("algorithm", ["fft", "chunked", "matmul"])

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from models.stlt import stlt_mix  # noqa: E402
 from models.stlt.triton_op import stlt_mix_triton  # noqa: E402
-from tests.stlt_fixtures import make_inputs, one_thread  # noqa: E402, F401
+from tests.stlt_fixtures import assert_causal, make_inputs, one_thread  # noqa: E402, F401
 
 pytestmark = [pytest.mark.triton, pytest.mark.usefixtures("one_thread")]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,6 +61,14 @@ def test_triton_public_op_with_default_geometry():
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_single_position_and_node(causal):
     compare_with_reference(2, 1, 3, 1, causal=causal, per_position=False, seed=7)
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_triton_is_causal(per_position):
+    """The kernels on their own (float32, chunks of 4 so that the change crosses chunk borders): a causal mix never
+    reads a later position, forward or backward."""
+    assert_causal(lambda *args, causal: stlt_mix_triton(*args, delta=1.0, causal=causal, chunk=4),
+                  per_position=per_position, dtype=torch.float32, atol=1e-6, device=DEVICE)
 
 
 class LaunchCounter:

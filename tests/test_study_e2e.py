@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fault_fixtures import ray_without_dashboard
+from fault_fixtures import ray_without_dashboard, study_run
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -184,6 +184,56 @@ def test_status_and_export_answer_in_json_for_scripts(vit_study, tmp_path):
         provenance = yaml.safe_load(Path(entry["path"]).read_text())["provenance"]
         assert entry["trial_id"] == provenance["trial_id"] and entry["value"] == provenance["value"]
         assert entry["value"]["val_acc"] == vit_study["trials"][entry["trial_id"]][-1]["val_acc"]
+
+
+def test_the_optuna_journal_shows_what_status_shows(vit_study):
+    """What optuna-dashboard shows, read from the study's journal with Optuna's own API: one Optuna trial per Tune
+    trial, in the state `lapstudy status` names (the trial ASHA stopped PRUNED, not COMPLETE with its epoch-2 value),
+    an intermediate value at every epoch Ray recorded, the final value only for trials that ran every epoch, and the
+    Tune trial id and MLflow run id as user attributes."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from study.search import JOURNAL_FILE
+
+    status = lapstudy("status", "studies/e2e", "--json", timeout=120, cwd=vit_study["root"])
+    assert status.returncode == 0, status.stderr
+    named = {t["trial_id"]: t["status"] for t in json.loads(status.stdout)["trials"]}
+    journal = JournalStorage(JournalFileBackend(str(vit_study["dir"] / JOURNAL_FILE)))
+    trials = optuna.load_study(study_name="e2e", storage=journal).trials
+    by_tune_id = {t.user_attrs["tune_trial_ids"][0]: t for t in trials}
+    assert len(trials) == len(by_tune_id) and set(by_tune_id) == set(vit_study["trials"])
+    state_of = {"completed": optuna.trial.TrialState.COMPLETE, "early_stopped": optuna.trial.TrialState.PRUNED}
+    assert set(named.values()) == set(state_of), named  # GOOD runs to the end, ASHA stops BAD at its first rung
+    for trial_id, rows in vit_study["trials"].items():
+        trial = by_tune_id[trial_id]
+        assert trial.state is state_of[named[trial_id]], (trial_id, trial.state)
+        assert trial.params == {k: rows[0]["config"][k] for k in ("lr", "k")}
+        assert trial.intermediate_values == {r["epoch"]: r["val_acc"] for r in rows}
+        assert trial.value == rows[-1]["val_acc"]  # a pruned trial's value is its last intermediate one
+        assert trial.user_attrs["mlflow_run_ids"] == [_run_of(vit_study, trial_id).info.run_id]
+
+
+def test_the_study_run_holds_the_best_trial_and_links_its_run(vit_study):
+    """The study's own MLflow run says what the study found: the best full-length trial's metrics as best/<metric>,
+    its trial id and run id as tags, and a link to its run in the run's note (its description in the UI)."""
+    parent = study_run(vit_study["uri"], "e2e")
+    full_length = {tid: rows[-1] for tid, rows in vit_study["trials"].items() if rows[-1]["epoch"] == EPOCHS}
+    best = max(full_length, key=lambda tid: full_length[tid]["val_acc"])
+    run = _run_of(vit_study, best)
+    assert parent["metrics"]["best/val_acc"] == full_length[best]["val_acc"]
+    assert parent["tags"]["lapstudy.best_trial_ids"] == best
+    assert parent["tags"]["lapstudy.best_run_ids"] == run.info.run_id
+    note = parent["tags"]["mlflow.note.content"]
+    assert f"[trial {best}](#/experiments/{run.info.experiment_id}/runs/{run.info.run_id})" in note
+    assert f"val_acc {full_length[best]['val_acc']:.4f}" in note
+    # and each trial's run names its data as an MLflow dataset input, not as flattened params
+    from mlflow.tracking import MlflowClient
+
+    [given] = MlflowClient(vit_study["uri"]).get_run(run.info.run_id).inputs.dataset_inputs
+    assert given.dataset.name == "digits" and given.dataset.source_type == "code"
+    assert not [key for key in run.data.params if key.startswith("dataset.")], run.data.params
 
 
 def test_sync_finds_mlflow_in_order(vit_study):

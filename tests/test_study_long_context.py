@@ -1,6 +1,7 @@
 """search_spaces/stlt_longctx_laptop.yaml, made smaller, through the `lapstudy` command line on a local Ray cluster,
-offline: attention and adaptive STLT trained at 64 tokens, each epoch's perplexity at 64, 256 and 1024 tokens and
-every STLT layer's S_eff and T in each trial's MLflow run and in what Tune judged the trials on."""
+offline: attention and adaptive STLT trained at 64 tokens, each epoch's perplexity per token and per word at 64, 256
+and 1024 tokens and every STLT layer's S_eff (at each length) and T in each trial's MLflow run and in what Tune
+judged the trials on."""
 
 from __future__ import annotations
 
@@ -38,16 +39,19 @@ def test_every_epoch_logs_perplexity_at_every_context(study):
     assert len(study["runs"]) == 2 and len(study["rows"]) == 2
     for run in study["runs"]:
         for length in CONTEXTS:
-            history = metric_history(study["uri"], run.info.run_id, f"val_ppl_ctx{length}")
+            history = metric_history(study["uri"], run.info.run_id, f"val_ppl_token_ctx{length}")
             assert [step for step, _ in history] == list(range(1, EPOCHS + 1)), (length, history)
             # A byte-level model that learnt something: better than uniform over 257 tokens, and a perplexity.
             assert all(1.0 < value < 257 for _, value in history), (length, history)
+            # The same loss over the words, fewer than the bytes: a larger number.
+            words = dict(metric_history(study["uri"], run.info.run_id, f"val_ppl_word_ctx{length}"))
+            assert all(words[step] > value for step, value in history), (length, words, history)
         ppl = dict(metric_history(study["uri"], run.info.run_id, "val_ppl"))
         loss = dict(metric_history(study["uri"], run.info.run_id, "val_loss"))
         assert ppl[EPOCHS] == pytest.approx(math.exp(loss[EPOCHS]))
-    # What the sampler judged: the space's metric, at 1024 tokens, in every row Tune kept.
+    # What the sampler judged: the space's metric, per word at 1024 tokens, in every row Tune kept.
     for rows in study["rows"].values():
-        assert all(math.isfinite(row["val_ppl_ctx1024"]) for row in rows)
+        assert all(math.isfinite(row["val_ppl_word_ctx1024"]) for row in rows)
 
 
 def test_stlt_layers_log_their_nodes_in_use_and_window_every_epoch(study):
@@ -55,7 +59,7 @@ def test_stlt_layers_log_their_nodes_in_use_and_window_every_epoch(study):
     [attention] = [r for r in study["runs"] if r.data.params["mixer"] == "attention"]
     depth = 4  # gpt_tiny
     for layer in range(depth):
-        for key in (f"stlt_T_l{layer}", f"stlt_s_eff_l{layer}"):
+        for key in (f"stlt_T_l{layer}", f"stlt_s_eff_l{layer}", *(f"stlt_s_eff_l{layer}_ctx{n}" for n in CONTEXTS)):
             history = metric_history(study["uri"], stlt.info.run_id, key)
             assert [step for step, _ in history] == list(range(1, EPOCHS + 1)), key
             assert all(value > 0 for _, value in history), key

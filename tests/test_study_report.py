@@ -127,6 +127,52 @@ def _paired(group: dict, baseline: dict, metric: str = "val_acc") -> tuple[float
     return float(differences.mean()), float(differences.mean() - half), float(differences.mean() + half)
 
 
+def test_the_optuna_journal_holds_each_configurations_replicate_mean(study):
+    """The sampler's record, read from the journal with Optuna's own API: one COMPLETE trial per configuration (the
+    one the driver's kill cut short included), its value the mean of its seeds' final values in Ray's records, its
+    intermediate value at each epoch the mean of the seeds' values at that epoch, its replicates' Tune trial ids as
+    a user attribute; and the report's importance says it used those configurations."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from study.search import JOURNAL_FILE
+
+    journal = JournalStorage(JournalFileBackend(str(study.dir / JOURNAL_FILE)))
+    trials = optuna.load_study(study_name="replicated", storage=journal).trials
+    configurations = _configurations(study.rows)
+    for group in configurations.values():
+        replicates = [group["trials"][seed] for seed in (0, 1)]
+        [trial] = [t for t in trials if t.user_attrs["tune_trial_ids"] == replicates]
+        assert trial.state is optuna.trial.TrialState.COMPLETE, (group["values"], trial.state)
+        assert trial.params == pytest.approx(group["values"])
+        finals = [group["final"][seed]["val_acc"] for seed in (0, 1)]
+        assert trial.value == pytest.approx(sum(finals) / 2, abs=1e-12)
+        assert sorted(trial.intermediate_values) == list(range(1, EPOCHS + 1))
+        # Ray's local records of a trial the kill cut short start where it resumed; the journal was written live
+        by_epoch = [{r["epoch"]: r["val_acc"] for r in study.rows[t]} for t in replicates]
+        both = set(by_epoch[0]) & set(by_epoch[1])
+        assert EPOCHS in both
+        for epoch in both:
+            assert trial.intermediate_values[epoch] == pytest.approx(
+                (by_epoch[0][epoch] + by_epoch[1][epoch]) / 2, abs=1e-12), epoch
+    report = (study.dir / "report" / "report.html").read_text()
+    assert f"from the {len(configurations)} configurations that ran every epoch of every replicate." in report
+
+
+def test_the_study_run_holds_the_best_configurations_mean_and_links_its_runs(study):
+    parent = study_run(f"sqlite:///{study.dir / 'mlflow.db'}", "replicated")
+    configurations = _configurations(study.rows)
+    means = {g["id"]: float(np.mean([r["val_acc"] for r in g["final"].values()])) for g in configurations.values()}
+    best = configurations[max(means, key=means.get)]
+    assert parent["metrics"]["best/val_acc"] == pytest.approx(means[best["id"]], abs=1e-12)
+    trials = [best["trials"][seed] for seed in (0, 1)]
+    assert sorted(parent["tags"]["lapstudy.best_trial_ids"].split(",")) == sorted(trials)
+    runs = {r["tags"]["lapstudy.trial_id"]: r["run_id"] for trial_runs in study.mlflow.values() for r in trial_runs}
+    assert sorted(parent["tags"]["lapstudy.best_run_ids"].split(",")) == sorted(runs[t] for t in trials)
+    assert "(mean of 2 seeds)" in parent["tags"]["mlflow.note.content"]
+
+
 def test_status_groups_the_replicates(study):
     assert study.status.returncode == 0, study.status.stderr
     text = study.status.stdout

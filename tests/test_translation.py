@@ -67,6 +67,30 @@ def test_bleu_from_summed_statistics_is_sacrebleus_corpus_bleu():
     assert math.isnan(bleu_from_statistics(bleu_statistics([], [])))
 
 
+def test_bucket_bleu_is_sacrebleus_corpus_bleu_of_the_buckets_sentences_smoothing_included():
+    """Each bucket's score from statistics summed over two workers' shards equals sacrebleu.corpus_bleu on that
+    bucket's sentences, exactly; one bucket holding every sentence is corpus_bleu of the corpus. The first bucket's
+    two sentences share trigrams with their references but no 4-gram: corpus_bleu's 'exp' smoothing scores them
+    above 0, where BLEU without smoothing is 0."""
+    hypotheses = ["the cat sat there on a mat", "a dog barked loudly at night", "hello there my friend",
+                  "we went home early today", "it rained all day long here", "birds sing in the morning"]
+    references = ["the cat sat on the mat", "a dog barked at the moon", "hello there my friend",
+                  "we went home late today", "it rained all day here", "the birds sing in the morning"]
+    buckets = [0, 0, 1, 1, 2, 2]
+    for bucket in range(3):
+        mine = [i for i, b in enumerate(buckets) if b == bucket]
+        shards = [mine[::2], mine[1::2]]  # two workers' sentences of the bucket
+        summed = sum(bleu_statistics([hypotheses[i] for i in shard], [references[i] for i in shard])
+                     for shard in shards)
+        expected = sacrebleu.corpus_bleu([hypotheses[i] for i in mine], [[references[i] for i in mine]])
+        assert bleu_from_statistics(summed) == expected.score, bucket
+    first = sacrebleu.corpus_bleu(hypotheses[:2], [references[:2]])
+    assert first.counts[3] == 0 < first.totals[3] and first.counts[2] > 0 and first.score > 0
+    assert sacrebleu.BLEU.compute_bleu(first.counts, first.totals, first.sys_len, first.ref_len).score == 0.0
+    whole = bleu_statistics(hypotheses[:3], references[:3]) + bleu_statistics(hypotheses[3:], references[3:])
+    assert bleu_from_statistics(whole) == sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
 def test_length_buckets_count_source_words():
     assert [name for name, _, _ in BUCKETS] == ["le20", "21_50", "51_100", "gt100"]
     assert [bucket_of(w) for w in (1, 20, 21, 50, 51, 100, 101, 400)] == [0, 0, 1, 1, 2, 2, 3, 3]
@@ -145,8 +169,59 @@ def test_evaluate_on_a_tiny_model_returns_every_metric(toy):
     assert 0 <= metrics["val_bleu"] <= 100 and metrics["val_loss"] > 0 and metrics["decode_tokens_per_s"] > 0
     assert 0 <= metrics["val_bleu_le20"] <= 100  # the toy's sentences are 5-29 words
     assert math.isnan(metrics["val_bleu_51_100"]) and math.isnan(metrics["val_bleu_gt100"])
+    words = [len(source.split()) for source in sources[:24]]
+    assert metrics["val_bleu_sentences"] == 24 and metrics["val_bleu_gt100_sentences"] == 0
+    assert metrics["val_bleu_le20_sentences"] == sum(w <= 20 for w in words) > 0
+    assert metrics["val_bleu_21_50_sentences"] == sum(21 <= w <= 50 for w in words) > 0
     assert 0 < metrics["geom_between_token_frac"] < 1 and evaluation.pictures.label_name == "source token"
     assert set(Translation.epoch_metrics()) >= {"val_bleu", "tokens_per_s", "train_loss"}
+
+
+def test_s_eff_counts_the_teacher_forced_pass_over_every_pair_and_not_the_beam_search(toy):
+    """stlt_s_eff_enc0 / _dec0 against the gate's definition over each batch's own encode and decode (padding left
+    out: a sentence is one row of the bilateral encoder, each target position one of the causal decoder): active
+    nodes are those with alpha >= 0.01. The beam search, which encodes the first pairs again, does not count."""
+    _, sources, targets, vocabulary = toy
+    torch.manual_seed(0)
+    model = Translation.build_model({"model": "encdec", "vocab_size": vocabulary.size, "dim": 32, "depth": 1,
+                                     "num_heads": 2, "mixer": "stlt", "decoder_mixer": "stlt", "stlt_nodes": 6},
+                                    {}, None).eval()
+    mixers = {"enc0": model.encoder_layers[0].mixer, "dec0": model.decoder_layers[0].mixer}
+    with torch.no_grad():
+        for mixer in mixers.values():  # gates from always on to always off, many moving with the sentence
+            mixer.gate_weight.normal_(0, 3.0)
+            mixer.gate_bias.copy_(torch.linspace(6, -8, 6))
+    rows = encode_pairs({"source": np.array(sources[:20], dtype=object),
+                         "target": np.array(targets[:20], dtype=object)}, vocabulary, 128, False)
+    steps = TranslationBatches(vocabulary)
+    batches = [steps.evaluate({k: torch.from_numpy(v[i:i + 7]) for k, v in rows.items()}) for i in (0, 7, 14)]
+    seen = {name: [] for name in mixers}
+    hooks = [mixer.register_forward_pre_hook(lambda module, args, kwargs, name=name: seen[name].append(
+        (args[0], kwargs["padding_mask"])), with_kwargs=True) for name, mixer in mixers.items()]
+    with torch.no_grad():
+        for batch in batches:
+            model.decode(batch["tgt_in"], model.encode(batch["src"]))
+    expected = {}
+    for name, mixer in mixers.items():
+        active = count = 0
+        for x, padding in seen[name]:
+            keep = (~padding).to(x.dtype)[..., None]
+            if mixer.causal:
+                pooled = (x * keep).cumsum(dim=1) / keep.cumsum(dim=1).clamp(min=1)
+                alpha = torch.sigmoid(pooled @ mixer.gate_weight.T + mixer.gate_bias)[~padding]
+            else:
+                alpha = torch.sigmoid((x * keep).sum(dim=1) / keep.sum(dim=1) @ mixer.gate_weight.T + mixer.gate_bias)
+            active, count = active + (alpha >= 0.01).sum().item(), count + alpha.shape[0]
+        expected[name] = active / count
+        assert 0 < expected[name] < 6, name
+    for hook in hooks:
+        hook.remove()
+    task = Translation(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(),
+                       hyperparameters={"mt_beam_size": 2, "mt_max_len_b": 3, "mt_bleu_sentences": 3})
+    task.setup(lambda split="val": iter(batches))
+    metrics = task.evaluate(iter(batches), autocast=contextlib.nullcontext(), geometry=False).metrics
+    assert metrics["stlt_s_eff_enc0"] == pytest.approx(expected["enc0"], rel=1e-12)
+    assert metrics["stlt_s_eff_dec0"] == pytest.approx(expected["dec0"], rel=1e-12)
 
 
 def test_wmt14_offline_fails_at_once_naming_the_offline_source(monkeypatch, tmp_path):
@@ -215,15 +290,19 @@ def test_a_toy_translation_study_of_stlt_learns_past_word_by_word_and_logs_bleu_
     [mlflow_run] = [r for r in mlflow_runs(uri, "translation") if r.data.tags["lapstudy.trial_id"] == trial]
     bleu = [value for _, value in metric_history(uri, mlflow_run.info.run_id, "val_bleu")]
     loss = [value for _, value in metric_history(uri, mlflow_run.info.run_id, "val_loss")]
-    # measured: BLEU 1.2, 62.9, 90.2 and loss 2.50, 0.92, 0.45 over the epochs (4 s of training, 0.4 s of evaluation
-    # each); the context-free baseline, the toy pair translated word by word, scores about 7
+    # the context-free baseline, the toy pair translated word by word, scores about 7
     language = ToyLanguage.make(0)
     sources, targets = language.pairs(200, 1)
     baseline = sacrebleu.corpus_bleu([language.word_by_word(s) for s in sources], [targets]).score
     assert len(bleu) == EPOCHS and bleu[-1] > bleu[0] and loss[-1] < loss[0], (bleu, loss)
     assert bleu[-1] > baseline, (bleu, baseline)
     assert metric_history(uri, mlflow_run.info.run_id, "val_bleu_le20")
+    assert [value for _, value in metric_history(uri, mlflow_run.info.run_id, "val_bleu_sentences")] == [60] * EPOCHS
     assert metric_history(uri, mlflow_run.info.run_id, "geom_between_token_frac")
+    # The write-up's regulariser on from step 60 leaves most nodes in use: S_eff well above 0 in every layer.
+    for layer in ("enc0", "enc1", "dec0", "dec1"):
+        s_eff = [value for _, value in metric_history(uri, mlflow_run.info.run_id, f"stlt_s_eff_{layer}")]
+        assert len(s_eff) == EPOCHS and s_eff[-1] >= 8, (layer, s_eff)  # of 16 nodes
     assert rows[-1]["decode_tokens_per_s"] > 0 and rows[-1]["epoch"] == EPOCHS
 
 

@@ -14,6 +14,7 @@ from models.checks import check_choice, check_int, check_number, is_number
 from models.errors import ConfigError
 
 BACKEND_CHOICES = ("auto", "torch", "triton")
+EVAL_GATES = ("soft", "hard")  # the evaluation's node mask (models/stlt/mixer.py, STLTMixer._eval_mask)
 T_INIT_ALLOWED = "'auto' (max(4, sequence length / 16)) or a number >= 4"
 FRACTION = " (fraction of training)"
 
@@ -38,6 +39,8 @@ class STLTConfig:
     stlt_tau_anneal: float = 0.5  # fraction of training annealed geometrically to tau_end (hold + anneal <= 1)
     stlt_lr_scale: float = 0.1  # learning-rate factor of sigma and omega
     stlt_backend: str = "auto"  # stlt_mix backend: auto, torch or triton
+    # evaluation's gate: soft (weight alpha, nodes with alpha < 0.01 skipped: the write-up's) or hard (1[alpha > 0.5])
+    stlt_eval_gate: str = "soft"
 
     def __post_init__(self):
         # Field by field in declaration order, then the checks that relate fields: the first bad key is reported.
@@ -55,6 +58,7 @@ class STLTConfig:
         self._number("stlt_tau_anneal", low=0, high=1, note=FRACTION)
         self._number("stlt_lr_scale", low=0, low_open=True)
         check_choice("stlt_backend", self.stlt_backend, BACKEND_CHOICES)
+        check_choice("stlt_eval_gate", self.stlt_eval_gate, EVAL_GATES)
 
         if self.stlt_T_init != "auto":
             if not (math.isfinite(self.stlt_T_init) and self.stlt_T_init >= 4):

@@ -10,15 +10,19 @@ It owns the S complex nodes (sigma, omega), the shared window bandwidth T, the r
       T     = 4 + softplus(T_raw)             >= 4
   The initial values of the design (sigma log-spaced over [1e-3, 10], omega uniform in [0, pi/delta], T = max(4,
   length/16)) sit on or next to these bounds; they are reached to within 1e-6 (sigma), 1e-3 (omega/T) of the bound.
-- Gate: logits z = W pool(x) + b; pool is the sequence mean (bilateral: one mask per sequence) or the prefix mean up
-  to each position (causal: the mask at n never sees tokens after n). Training draws a relaxed-Bernoulli mask
-  sigmoid((z + g) / tau) with logistic noise g (one draw per sequence and node) from the logits; evaluation uses the
-  hard mask 1[sigmoid(z) > 0.5] = 1[z > 0] and skips the nodes that are off everywhere in the batch.
+- Gate: logits z = W pool(x) + b, alpha = sigmoid(z); pool is the sequence mean (bilateral: one mask per sequence) or
+  the prefix mean up to each position (causal: the mask at n never sees tokens after n). Training draws a
+  relaxed-Bernoulli mask sigmoid((z + g) / tau) with logistic noise g (one draw per sequence and node) from the
+  logits. Evaluation (`eval_gate`): "soft", the write-up's inference rule, weighs node k by alpha_k and skips it
+  where alpha_k < 0.01 (SKIP_BELOW); "hard" uses 1[alpha > 0.5]. Either way nodes off for every row of the batch are
+  not computed. A row is a sequence of a bilateral layer, a (sequence, position) of a causal one; S_eff, the active
+  nodes per row, is counted over every evaluation forward between `start_node_count` and `stop_node_count`.
 - tau: tau_start for the first `tau_hold` of training, then geometric to tau_end over the next `tau_anneal`.
 - regularization_loss(), with m_bar the mask averaged over the sequences and positions of every forward pass of the
-  current optimiser step (with gradients enabled):
-      lambda_omega sum_k |omega_k| m_bar_k + lambda_sigma sum_k (sigma_k - sigma_{k-1})^2 m_bar_k m_bar_{k-1}
-      + lambda_mask sum_k m_bar_k,        zero before `reg_start_step`.
+  current optimiser step (with gradients enabled), each of the write-up's sums taken as a mean over its terms, so
+  that a layer's penalty is on the scale of a per-token loss whatever S (docs/stlt.md, "Regulariser"):
+      lambda_omega mean_k |omega_k| m_bar_k + lambda_sigma mean_k (sigma_k - sigma_{k-1})^2 m_bar_k m_bar_{k-1}
+      + lambda_mask mean_k m_bar_k,        zero before `reg_start_step`.
   Call it once per optimiser step, after the step's last forward, and add it unscaled to the step's loss: with
   gradient accumulation over micro-batches (each loss scaled as a big batch's mean would weigh it), the step then
   has the gradient of one big batch. A step begins with `set_training_step` or after a backward pass through the
@@ -37,11 +41,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.stlt.config import STLTConfig
+from models.stlt.config import EVAL_GATES, STLTConfig
 from models.stlt.naive import decay_log
 from models.stlt.op import stlt_mix
 
 SIGMA_MIN, SIGMA_INIT_MAX, T_MIN = 1e-3, 10.0, 4.0
+# The write-up's inference rule: a node whose gate probability alpha is under this is skipped entirely.
+SKIP_BELOW = 0.01
 
 
 def _softplus_inverse(y: torch.Tensor) -> torch.Tensor:
@@ -69,11 +75,15 @@ class STLTMixer(nn.Module):
         bias: bool = True,
         backend: str = "auto",
         gate_bias_init: float = 3.0,
+        eval_gate: str = "soft",
     ):
         super().__init__()
         self.dim, self.num_nodes, self.causal, self.delta, self.backend = dim, num_nodes, causal, delta, backend
         self.lambda_omega, self.lambda_sigma, self.lambda_mask = lambda_omega, lambda_sigma, lambda_mask
         self.reg_start_step = reg_start_step
+        if eval_gate not in EVAL_GATES:
+            raise ValueError(f"eval_gate must be one of {', '.join(EVAL_GATES)}, got {eval_gate!r}")
+        self.eval_gate = eval_gate
         self.tau_start, self.tau_end, self.tau_hold, self.tau_anneal = tau_start, tau_end, tau_hold, tau_anneal
         self.value = nn.Linear(dim, dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
@@ -87,7 +97,8 @@ class STLTMixer(nn.Module):
         self.gate_bias = nn.Parameter(torch.empty(S))
         self.register_buffer("step", torch.zeros((), dtype=torch.long), persistent=True)
         self.register_buffer("tau", torch.tensor(float(tau_start)), persistent=True)
-        self._mask_mean: torch.Tensor | None = None  # the last forward's, for stats()
+        # Evaluation forwards' [active (row, node) pairs, rows] while counting (start_node_count), else None.
+        self._node_count: torch.Tensor | None = None
         # The masks of this optimiser step's forwards, summed over sequences and positions (with their graphs), and
         # how many (sequence, position) rows they hold; cleared at the first forward of the next step.
         self._mask_sum: torch.Tensor | None = None
@@ -103,6 +114,7 @@ class STLTMixer(nn.Module):
             lambda_mask=config.stlt_lambda_mask, reg_start_step=config.stlt_reg_start_step,
             tau_start=config.stlt_tau_start, tau_end=config.stlt_tau_end, tau_hold=config.stlt_tau_hold,
             tau_anneal=config.stlt_tau_anneal, bias=bias, backend=config.stlt_backend,
+            eval_gate=config.stlt_eval_gate,
         )
 
     @torch.no_grad()
@@ -153,10 +165,16 @@ class STLTMixer(nn.Module):
 
     def node_mask(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.training:
-            return (logits > 0).to(logits.dtype)
+            return self._eval_mask(logits)
         noise_shape = (logits.shape[0],) + (1,) * (logits.dim() - 2) + (logits.shape[-1],)
         u = torch.rand(noise_shape, device=logits.device, dtype=logits.dtype).clamp(1e-6, 1 - 1e-6)
         return torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.tau)
+
+    def _eval_mask(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.eval_gate == "hard":
+            return (logits > 0).to(logits.dtype)
+        alpha = torch.sigmoid(logits)
+        return alpha.masked_fill(alpha < SKIP_BELOW, 0.0)
 
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, N, D) -> (B, N, D). ``padding_mask`` (B, N), True at padding: padded positions add nothing to the
@@ -170,13 +188,15 @@ class STLTMixer(nn.Module):
         rows = mask.reshape(-1, self.num_nodes)
         if keep is not None and mask.dim() == 3:  # per-position masks: padded positions are no rows of the batch
             rows = rows[keep.reshape(-1) > 0]
-        self._mask_mean = rows.detach().mean(dim=0)
         if torch.is_grad_enabled():
             self._count_masks(rows)
         sigma, omega, C = self.sigma, self.omega, self.C
         if not self.training:
+            on = rows > 0
+            if self._node_count is not None:
+                self._node_count += torch.stack([on.sum(), torch.tensor(on.shape[0], device=on.device)]).double()
             # Nodes off for every sequence and position of the batch cost nothing: drop them before the mix.
-            active = (rows > 0).any(dim=0).nonzero().squeeze(1)
+            active = on.any(dim=0).nonzero().squeeze(1)
             if active.numel() == 0:
                 return self.out_proj(torch.zeros_like(v))
             if active.numel() < self.num_nodes:
@@ -220,7 +240,7 @@ class STLTMixer(nn.Module):
         if "noise" in state:
             mask = torch.sigmoid((logits + state["noise"]) / self.tau)
         else:
-            mask = (logits > 0).to(logits.dtype)
+            mask = self._eval_mask(logits)
         y = torch.einsum("bk,bkd->bd", mask.to(v.dtype), (self.C.to(cdtype) * L).real.to(v.dtype))
         return self.out_proj(y), {**state, "L": L, "gate_sum": gate_sum, "count": count}
 
@@ -256,20 +276,29 @@ class STLTMixer(nn.Module):
         m, sigma = self._mask_sum / self._mask_rows, self.sigma
         if m.requires_grad:
             m.register_hook(self._end_step)  # a backward through the regulariser ends the step
-        frequency = (self.omega.abs() * m).sum()
-        smoothness = ((sigma[1:] - sigma[:-1]) ** 2 * m[1:] * m[:-1]).sum()
-        usage = m.sum()
+        frequency = (self.omega.abs() * m).mean()
+        # mean over the S - 1 neighbour pairs (none for one node: sum() of nothing is 0)
+        smoothness = ((sigma[1:] - sigma[:-1]) ** 2 * m[1:] * m[:-1]).sum() / max(self.num_nodes - 1, 1)
+        usage = m.mean()
         return self.lambda_omega * frequency + self.lambda_sigma * smoothness + self.lambda_mask * usage
 
+    def start_node_count(self) -> None:
+        """From now on, every forward in evaluation mode adds its active (row, node) pairs and its rows."""
+        self._node_count = torch.zeros(2, dtype=torch.float64, device=self.gate_bias.device)
+
+    def stop_node_count(self) -> torch.Tensor:
+        """[active (row, node) pairs, rows] (float64, CPU) of the evaluation forwards since `start_node_count`:
+        S_eff = active / rows. Counting stops."""
+        count, self._node_count = self._node_count, None
+        return count.cpu()
+
     def stats(self) -> dict[str, float]:
-        stats = {"T": float(self.T.detach())}
-        if self._mask_mean is not None:
-            stats["s_eff"] = float(self._mask_mean.sum())
-        return stats
+        return {"T": float(self.T.detach())}
 
     def slow_parameters(self) -> list[nn.Parameter]:
         return [self.sigma_raw, self.omega_raw]
 
     def extra_repr(self) -> str:
         kind = "causal" if self.causal else "bilateral"
-        return f"dim={self.dim}, nodes={self.num_nodes}, {kind}, delta={self.delta}, backend={self.backend!r}"
+        return (f"dim={self.dim}, nodes={self.num_nodes}, {kind}, delta={self.delta}, backend={self.backend!r}, "
+                f"eval_gate={self.eval_gate!r}")

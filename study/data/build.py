@@ -17,7 +17,7 @@ from study.data.images import (
 )
 from study.data.epoch import EpochSource
 from study.data.task_data import TaskData, context_split
-from study.data.text import Tokenizer, TokenTargets, tokenize_and_pack
+from study.data.text import Tokenizer, TokenTargets, document_windows, tokenize_and_pack
 from study.errors import UserError
 
 IMAGE_MAP_BATCH = 128  # rows per decode/augment task batch
@@ -126,7 +126,8 @@ def text_task(
     docs_per_batch: int | None = TEXT_MAP_BATCH,
     params: dict | None = None,
 ) -> TaskData:
-    """Tokenise and pack documents into (seq_len + 1)-token windows inside Ray Data map_batches tasks. With
+    """Tokenise and pack documents into (seq_len + 1)-token windows inside Ray Data map_batches tasks, and the
+    validation documents into their rolling windows at each length of `eval_contexts` (text.document_windows). With
     `chat_tokens` the vocabulary holds nanochat's chat special tokens too (a model pre-trained on it keeps its
     vocabulary in later chat stages)."""
     tokenizer = dataclasses.replace(tokenizer, chat=tokenizer.chat or cfg.chat_tokens)
@@ -135,15 +136,13 @@ def text_task(
         docs.map_batches(tokenize_and_pack, fn_kwargs=kwargs, batch_size=docs_per_batch, batch_format="numpy")
         for docs in (train_docs, val_docs)
     )
-    # Each context length packs all validation documents in one batch (windows longer than a batch of documents
-    # would otherwise never form), once: a validation split is small, and every epoch reads it again.
-    contexts = {context_split(length): val_docs.repartition(1).map_batches(
-        tokenize_and_pack, fn_kwargs={**kwargs, "seq_len": length}, batch_size=None, batch_format="numpy"
+    # Each context length: every validation document alone in its rolling windows, made once (a validation split is
+    # small, and every epoch reads it again).
+    contexts = {context_split(length): val_docs.map_batches(
+        document_windows, fn_kwargs={"tokenizer": tokenizer, "context": length, "stride": cfg.context_stride(length),
+                                     "text_column": text_column},
+        batch_size=docs_per_batch, batch_format="numpy"
     ).materialize() for length in cfg.eval_contexts}
-    for length, split in zip(cfg.eval_contexts, contexts.values()):
-        if split.count() == 0:
-            raise UserError(f"dataset.eval_contexts: {length} tokens is longer than the whole validation split (no "
-                            f"window of {length + 1} tokens fits); use shorter contexts")
     if materialize:
         train, val = train.materialize(), val.materialize()
         num_train, num_val = train.count(), val.count()
@@ -155,7 +154,8 @@ def text_task(
         num_val=num_val,
         batch_steps=TokenTargets(tokenizer.token_bytes()),
         params={**(params or {}), "tokenizer": tokenizer.name, "chat_tokens": tokenizer.chat, "num_train": num_train,
-                "num_val": num_val, **({"tokenizer_file": tokenizer.file} if tokenizer.file else {})},
+                "num_val": num_val, **({"tokenizer_file": tokenizer.file} if tokenizer.file else {}),
+                **{f"eval_stride_ctx{length}": cfg.context_stride(length) for length in cfg.eval_contexts}},
         shuffle_buffer=cfg.shuffle_buffer,
         tokenizer=tokenizer,
     )

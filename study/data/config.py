@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from study.data.nanochat_bpe import NANOCHAT_DOC_CAP, NANOCHAT_MAX_CHARS, NANOCHAT_VOCAB_SIZE
 from study.data.spelling import WORD_LIST_PATH, WORD_LIST_URL
@@ -134,7 +134,13 @@ class _TextSource(_Source):
                                                  "end-of-text): pre-training for later chat stages")
     eval_contexts: tuple[int, ...] = Field(
         (), description="also evaluate perplexity at these context lengths (tokens), longer or shorter than seq_len: "
-                        "the validation documents packed into windows of each length, logged as val_ppl_ctx<length>")
+                        "each validation document alone in sliding windows of each length (eval_stride), logged "
+                        "per token and per word as val_ppl_token_ctx<length> and val_ppl_word_ctx<length>")
+    eval_stride: int | None = Field(
+        None, ge=1, description="eval_contexts: windows after a document's first score their last eval_stride "
+                                "targets, so every target sees its whole document before it or at least "
+                                "length - eval_stride + 1 tokens; at most the shortest context (None: half of "
+                                "each length)")
 
     def model_keys(self) -> dict:
         """The model keys this source fixes that are known before its data is read (a trained nanochat BPE has
@@ -163,6 +169,18 @@ class _TextSource(_Source):
         if any(length < 2 for length in lengths) or len(set(lengths)) != len(lengths):
             raise ValueError(f"distinct context lengths of at least 2 tokens, got {list(lengths)}")
         return tuple(sorted(lengths))
+
+    @field_validator("eval_stride")
+    @classmethod
+    def _stride_fits_every_context(cls, stride: int | None, info: ValidationInfo) -> int | None:
+        contexts = info.data.get("eval_contexts") or ()
+        if stride is not None and contexts and stride > contexts[0]:
+            raise ValueError(f"at most the shortest of eval_contexts ({contexts[0]}), got {stride}")
+        return stride
+
+    def context_stride(self, length: int) -> int:
+        """The stride of the windows at a length of eval_contexts: eval_stride, or half the length."""
+        return self.eval_stride or length // 2
 
 
 class DigitsConfig(_ImageSource):

@@ -9,6 +9,11 @@ the `Tokenizer` object, so cluster nodes need neither the cache nor the internet
 Packing: documents are concatenated with an end-of-text token after each one and cut into windows of seq_len + 1
 tokens with stride seq_len (inputs = window[:-1], targets = window[1:]), so every token of the stream except the first
 is a target exactly once and nothing is padded; the tail shorter than a window is dropped.
+
+Document windows (perplexity per context length): each document alone, behind an end-of-text token, in the rolling
+windows of lm-evaluation-harness (`lm_eval.utils.get_rolling_token_windows`), so every token of every document is a
+target exactly once, no window crosses a document, and each target sees its document before it or at least
+context - stride + 1 tokens of it.
 """
 
 from __future__ import annotations
@@ -143,6 +148,42 @@ def pack_documents(docs: list[np.ndarray], eot: int, seq_len: int) -> np.ndarray
     return stream[index]
 
 
+def count_words(text: str) -> int:
+    """Words of a text: its whitespace-separated tokens (per-word perplexity divides by these; docs/data.md)."""
+    return len(text.split())
+
+
+def document_windows(batch: dict, tokenizer: Tokenizer, context: int, stride: int, text_column: str) -> dict:
+    """Ray Data map_batches function: documents -> the rolling windows of `context` input tokens that
+    lm-evaluation-harness's `get_rolling_token_windows` makes of each document alone, end-of-text before its first
+    token, with a minimum context of context - stride + 1 tokens (the first window scores every token it holds;
+    each later one is `context` tokens long and scores its last `stride` targets or fewer, the last one ending at
+    the document's end). Rows:
+      tokens  (n, context + 1)  the inputs, then the last target (targets = tokens[1:]); end-of-text after `length`
+      length  (n,)              tokens of the row that are the window's (the inputs and the last target)
+      scored  (n,)              how many of the window's last targets are scored
+      words   (n,)              the document's words (`count_words`) on its first window, 0 on the others
+    """
+    from lm_eval.utils import get_rolling_token_windows  # in the Ray Data task; the driver never needs it
+
+    texts = [t if isinstance(t, str) else bytes(t).decode("utf-8", errors="replace") for t in batch[text_column]]
+    rows, lengths, scored, words = [], [], [], []
+    for text, ids in zip(texts, tokenizer.encode(texts)):
+        first = True
+        for inputs, predicted in get_rolling_token_windows(ids.tolist(), tokenizer.eot, context,
+                                                           context - stride + 1):
+            row = np.full(context + 1, tokenizer.eot, dtype=np.int32)
+            row[:len(inputs) + 1] = inputs + predicted[-1:]
+            rows.append(row)
+            lengths.append(len(inputs) + 1)
+            scored.append(len(predicted))
+            words.append(count_words(text) if first else 0)
+            first = False
+    return {"tokens": np.stack(rows) if rows else np.zeros((0, context + 1), dtype=np.int32),
+            "length": np.array(lengths, dtype=np.int32), "scored": np.array(scored, dtype=np.int32),
+            "words": np.array(words, dtype=np.int64)}
+
+
 def packed_count(num_tokens: int, seq_len: int) -> int:
     """Windows `pack_documents` makes from a stream of num_tokens tokens (separators included)."""
     return max(0, (num_tokens - 1) // seq_len)
@@ -238,7 +279,9 @@ def source_tokenizer(cfg, training_texts: Callable[[], Iterable[str]], text_iden
 class TokenTargets:
     """Worker-side steps on packed (seq_len + 1)-token windows: inputs, next-token targets and the UTF-8 bytes each
     target stands for (what val_bpb divides by). The same for training and validation. Windows with a `loss_mask`
-    (chat data) have IGNORE_INDEX targets, standing for 0 bytes, where the mask of the target token is 0."""
+    (chat data) have IGNORE_INDEX targets, standing for 0 bytes, where the mask of the target token is 0. Document
+    windows (`document_windows`) have IGNORE_INDEX targets outside their scored ones, and keep `length` and
+    `words`."""
 
     def __init__(self, token_bytes: np.ndarray):
         self.token_bytes = token_bytes
@@ -261,7 +304,14 @@ class TokenTargets:
         if "loss_mask" in batch:  # chat: only the masked-in tokens are targets (nanochat's render_conversation mask)
             keep = batch["loss_mask"][:, 1:].bool()
             targets, target_bytes = targets.masked_fill(~keep, IGNORE_INDEX), target_bytes.masked_fill(~keep, 0)
-        return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": target_bytes}
+        extra = {}
+        if "scored" in batch:  # document windows: the last `scored` of the row's length - 1 targets count
+            position = torch.arange(targets.shape[1], device=targets.device)[None]
+            end = batch["length"].long()[:, None] - 1
+            keep = (position < end) & (position >= end - batch["scored"].long()[:, None])
+            targets, target_bytes = targets.masked_fill(~keep, IGNORE_INDEX), target_bytes.masked_fill(~keep, 0)
+            extra = {"length": batch["length"].long(), "words": batch["words"].long()}
+        return {"input_ids": tokens[:, :-1], "targets": targets, "target_bytes": target_bytes, **extra}
 
 
 def tokenize_and_pack(batch: dict, tokenizer: Tokenizer, seq_len: int, text_column: str) -> dict:

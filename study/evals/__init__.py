@@ -8,5 +8,5 @@ In-process use (a study stage, a notebook):
     # {"eval_arc_easy_acc": ..., "eval_arc_easy_acc_norm": ..., "eval_mmlu_acc": ..., "..._stderr": ...}
 
 `model` is a GPT (models/gpt.py), `tokenizer` the project's (study/data/text.py); `study.evals.load.load_model(config,
-checkpoint)` gives both back from a run. `study.evals.sandbox.run_program` and `pass_at_k` are usable on their own.
+checkpoint)` gives both back from a run. `study.evals.sandbox.run_sample` and `pass_at_k` are usable on their own.
 """

@@ -11,6 +11,7 @@ import time
 from study.errors import UserError
 from study.evals.evaluate import HUMANEVAL, OWN_TASKS, check_tasks, evaluate_model, require_harness
 from study.evals.load import load_model
+from study.evals import isolation
 from study.evals.sandbox import CodeExecutionNotAllowed
 
 EXPERIMENT = "lapstudy-eval"
@@ -38,6 +39,8 @@ def check_flags(args) -> list[str]:
                         "the same); e.g. 0.8 as the Codex paper's pass@10, 1.0 as nanochat's GSM8K pass@k")
     if HUMANEVAL in tasks and not args.allow_code_execution:
         raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
+    if HUMANEVAL in tasks:
+        isolation.require(f"--tasks {HUMANEVAL}")  # before the model is loaded
     if args.run_id and not args.tracking_uri:
         raise UserError("--run-id: needs --tracking-uri (the server that holds the run)")
     for folder in args.include_path:

@@ -21,6 +21,7 @@ from study.evals import gsm8k
 from study.evals.load import tokenizer_for
 from study.evals.humaneval import TASK as HUMANEVAL
 from study.evals.humaneval import evaluate_humaneval, evaluations, find_problem_file, load_problems
+from study.evals import isolation
 from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
 from study.runspec import EvaluationSpec
 
@@ -88,6 +89,8 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
     tasks = list(dict.fromkeys(tasks))
     if HUMANEVAL in tasks and allow_code_execution is not True:
         raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
+    if HUMANEVAL in tasks:
+        isolation.require(f"--tasks {HUMANEVAL}")  # before the harness's tasks take their time
     include_path = [Path(p) for p in include_path]
     harness_tasks = [t for t in tasks if t not in OWN_TASKS]
     manager = harness_task_manager(harness_tasks, include_path, include_defaults) if harness_tasks else None

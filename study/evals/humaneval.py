@@ -6,6 +6,11 @@ Problems are read from a HumanEval-format file (JSON lines with task_id, prompt,
 `--include-path` folder, else from the hub's `openai/openai_humaneval`. The program run for a completion is
 openai/human-eval's: prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})". Completions stop at
 lm_eval's humaneval stop sequences (a new top-level class, def, comment, if or print).
+
+What runs is openai/human-eval's program split in two (study/evals/sandbox.py): the completion's process runs
+prompt + completion; the test's process runs prompt + test and `check(entry_point)`, asking the completion's process
+for each call of the entry point. Each runs in a bubblewrap sandbox of its own, so a completion can neither reach
+the machine nor forge its verdict.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from pathlib import Path
 
 from study.data.hub import hub_reachable
 from study.errors import UserError
-from study.evals.sandbox import CodeExecutionNotAllowed, Limits, mean_pass_at_k, run_programs
+from study.evals import isolation
+from study.evals.sandbox import CodeExecutionNotAllowed, Limits, Sample, mean_pass_at_k, run_samples
 
 TASK = "humaneval"
 FILE_NAMES = ("humaneval.jsonl", "humaneval.jsonl.gz", "HumanEval.jsonl.gz")
@@ -27,10 +33,13 @@ FIELDS = ("task_id", "prompt", "test", "entry_point")
 
 def check_code_execution(run, allow_code_execution: bool, where: str) -> None:
     """CodeExecutionNotAllowed when an `evaluate:` entry of a run config or a space (`where` names it) asks for
-    HumanEval and the command line did not allow running the model's code (checked before anything starts)."""
+    HumanEval and the command line did not allow running the model's code, SandboxUnavailable when it did but this
+    machine cannot contain that code (checked before anything starts)."""
     for place, evaluation in evaluations(run):
-        if TASK in evaluation.tasks and not allow_code_execution:
-            raise CodeExecutionNotAllowed(f"{where}: {place}.tasks {TASK}")
+        if TASK in evaluation.tasks:
+            if not allow_code_execution:
+                raise CodeExecutionNotAllowed(f"{where}: {place}.tasks {TASK}")
+            isolation.require(f"{where}: {place}.tasks {TASK}")
 
 
 def evaluations(run) -> list:
@@ -92,8 +101,16 @@ def _problem(line: str, path: Path, number: int) -> dict:
     return problem
 
 
-def program(problem: dict, completion: str) -> str:
-    return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
+def program(problem: dict, completion: str) -> Sample:
+    """The sample of `completion`: the prompt and completion in one process, the prompt (its helpers, e.g.
+    HumanEval/32's `poly`, which tests call) and the tests in the other."""
+    prompt = problem["prompt"]
+    try:
+        compile(prompt, "<prompt>", "exec")
+    except SyntaxError:  # a prompt that is not a module on its own: the tests run without its helpers
+        prompt = ""
+    return Sample(solution=f"{problem['prompt']}{completion}\n", test=f"{prompt}\n{problem['test']}\n",
+                  entry_point=problem["entry_point"])
 
 
 def evaluate_humaneval(lm, problems: list[dict], *, allow_code_execution: bool, num_samples: int = 1,
@@ -103,6 +120,7 @@ def evaluate_humaneval(lm, problems: list[dict], *, allow_code_execution: bool, 
     flag before generating anything."""
     if allow_code_execution is not True:
         raise CodeExecutionNotAllowed()
+    isolation.require()
     records, programs = [], []
     for problem in problems:
         for sample in range(num_samples):
@@ -110,7 +128,7 @@ def evaluate_humaneval(lm, problems: list[dict], *, allow_code_execution: bool, 
                                      do_sample=temperature > 0, temperature=temperature)
             records.append({"task_id": problem["task_id"], "sample": sample, "completion": completion})
             programs.append(program(problem, completion))
-    results = run_programs(programs, allow_code_execution=True, limits=limits)
+    results = run_samples(programs, allow_code_execution=True, limits=limits)
     by_problem: dict[str, list[bool]] = {}
     for record, result in zip(records, results):
         record.update(status=result.status, reason=result.reason)

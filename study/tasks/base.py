@@ -8,16 +8,18 @@ logs. The loop owns what they share: the optimiser and schedule, checkpoints, re
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import models
+from models.base import MixerModel
 from models.geometry import GeometryAccumulator
 from study.worker import Worker
 
@@ -81,6 +83,37 @@ def load_carried(model: torch.nn.Module, carried: dict) -> None:
                          "data must give the same vocab_size, context_length and image keys (for language models, "
                          "`chat_tokens: true` on a pre-training text source keeps the chat tokens in its vocabulary)"
                          ) from None
+
+
+class NodeCounts:
+    """S_eff of every gated layer of `model` (STLT) over the forwards run inside `counting()`, on every worker:
+    `metrics()` gives `stlt_s_eff_<layer>` = active (row, node) pairs / rows of those forwards
+    (models.MixerModel.counting_active_nodes). Nothing for the wrappers of a frozen backbone or of DINO's networks
+    (not MixerModels), whose `mixer_stats` report nothing of their layers either."""
+
+    def __init__(self, model: torch.nn.Module, worker: Worker):
+        self.model, self.worker = model, worker
+        self.sums: dict[str, torch.Tensor] = {}
+        with self.counting():  # every gated layer at zero: a worker whose shard is empty joins the all-reduce too
+            pass
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        if not isinstance(self.model, MixerModel):
+            yield
+            return
+        with self.model.counting_active_nodes() as counts:
+            yield
+        for name, count in counts.items():
+            self.sums[name] = self.sums.get(name, 0) + count
+
+    def metrics(self, suffix: str = "") -> dict[str, float]:
+        """S_eff per layer over all workers (an all-reduce: every worker calls it), named with `suffix` after it."""
+        if not self.sums:  # the same layers on every worker: all of them join the all-reduce, or none
+            return {}
+        totals = self.worker.all_reduce(torch.stack(list(self.sums.values())))
+        return {f"{name}{suffix}": active / rows if rows else math.nan
+                for name, (active, rows) in zip(self.sums, totals.tolist())}
 
 
 class Task(ABC):
@@ -213,7 +246,8 @@ class Task(ABC):
         # Made before the first batch: a worker whose shard is empty still joins the collectives, with zeros.
         last = self.new_accumulator() if geometry else None
         layers = [self.new_accumulator(layer=True) for _ in model.blocks] if geometry else []
-        with torch.no_grad():
+        nodes = self.node_counts()
+        with torch.no_grad(), nodes.counting():
             for index, batch in enumerate(batches):
                 want = geometry and (self.geometry.max_batches is None or index < self.geometry.max_batches)
                 with autocast, model.layer_outputs() if want else nullcontext([]) as outputs:
@@ -224,7 +258,12 @@ class Task(ABC):
                     for accumulator, tokens in zip(layers, outputs):
                         self.accumulate(accumulator, tokens, model.pool(tokens), batch)
         totals = self.worker.all_reduce(sums)
-        return self.finish_evaluation(self.eval_metrics(dict(zip(self.sum_names, totals.tolist()))), last, layers)
+        metrics = self.eval_metrics(dict(zip(self.sum_names, totals.tolist())))
+        return self.finish_evaluation({**metrics, **nodes.metrics()}, last, layers)
+
+    def node_counts(self) -> NodeCounts:
+        """A count of the gated layers' active nodes over the forwards an evaluation chooses (S_eff)."""
+        return NodeCounts(self.model, self.worker)
 
     def finish_evaluation(self, metrics: dict[str, float], last: GeometryAccumulator | None,
                           layers: list[GeometryAccumulator], patches=None) -> Evaluation:

@@ -1,6 +1,7 @@
 """Language modelling (the GPT): next-token cross-entropy; validation loss in nats, perplexity and bits per UTF-8
-byte; perplexity at other context lengths where the data packs validation windows of them (`eval_contexts`); the
-token geometry grouped by next-token target ("language collapse")."""
+byte; perplexity per token and per word at other context lengths where the data makes document windows of them
+(`eval_contexts`: every validation document alone, in sliding windows; docs/data.md), with S_eff at each; the token
+geometry grouped by next-token target ("language collapse")."""
 
 from __future__ import annotations
 
@@ -29,9 +30,14 @@ def language_model_sums(logits: torch.Tensor, targets: torch.Tensor, target_byte
                         target_bytes.flatten()[carries_bytes].sum().double()]).cpu()
 
 
-def context_metric(length: int) -> str:
-    """Validation perplexity with windows of `length` tokens (every target sees up to that many before it)."""
-    return f"val_ppl_ctx{length}"
+def context_metric(length: int, unit: str) -> str:
+    """Validation perplexity at a context of `length` tokens (docs/data.md), per "token" or per "word"."""
+    return f"val_ppl_{unit}_ctx{length}"
+
+
+def context_suffix(length: int) -> str:
+    """What the other metrics of a context length end in (S_eff: stlt_s_eff_l3_ctx1024)."""
+    return f"_ctx{length}"
 
 
 def perplexity(loss_sum: float, targets: float) -> float:
@@ -54,7 +60,8 @@ class LanguageModeling(Task):
     @classmethod
     def epoch_metrics(cls, dataset=None) -> tuple[str, ...]:
         return (*super().epoch_metrics(dataset),
-                *(context_metric(length) for length in getattr(dataset, "eval_contexts", ())))
+                *(context_metric(length, unit) for length in getattr(dataset, "eval_contexts", ())
+                  for unit in ("token", "word")))
 
     def setup(self, eval_batches):
         """The K most frequent next-token targets of the validation split (all workers): the language-collapse
@@ -72,18 +79,29 @@ class LanguageModeling(Task):
                                if name.startswith(CONTEXT_SPLIT))
 
     def evaluate(self, batches, *, autocast, geometry: bool) -> Evaluation:
-        """The validation pass, then the perplexity at each context length of the data (the same documents in
-        windows of that length; positions past the trained context are the model's to extrapolate)."""
+        """The validation pass, then the perplexity at each context length of the data: the validation documents
+        in its windows, each window run on its own tokens (a batch's windows grouped by length, so nothing is
+        padded; positions past the trained context are the model's to extrapolate), per token and per word, with
+        S_eff over those forwards."""
         evaluation = super().evaluate(batches, autocast=autocast, geometry=geometry)
         for length in self.contexts:
-            sums = torch.zeros(len(self.sum_names), dtype=torch.float64)
+            sums = torch.zeros(3, dtype=torch.float64)  # loss, targets, words
+            nodes = self.node_counts()
             with torch.no_grad():
                 for batch in self.eval_batches(context_split(length)):
-                    with autocast:
-                        logits = self.model(batch["input_ids"])
-                    sums += self.eval_sums(logits.float(), batch)
-            loss, targets = self.worker.all_reduce(sums).tolist()[:2]
-            evaluation.metrics[context_metric(length)] = perplexity(loss, targets)
+                    sums[2] += batch["words"].sum().item()
+                    for used in batch["length"].unique().tolist():
+                        rows = batch["length"] == used
+                        targets = batch["targets"][rows, :used - 1]
+                        with autocast, nodes.counting():
+                            logits = self.model(batch["input_ids"][rows, :used - 1])
+                        losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum",
+                                                 ignore_index=IGNORE_INDEX)
+                        sums[:2] += torch.stack([losses.double(), (targets != IGNORE_INDEX).sum().double()]).cpu()
+            loss, targets, words = self.worker.all_reduce(sums).tolist()
+            evaluation.metrics.update({context_metric(length, "token"): perplexity(loss, targets),
+                                       context_metric(length, "word"): perplexity(loss, words),
+                                       **nodes.metrics(context_suffix(length))})
         return evaluation
 
     def loss(self, model, batch):

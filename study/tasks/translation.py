@@ -3,9 +3,10 @@ detokenised sacreBLEU of beam-search hypotheses with a length penalty (models/be
 source-length bucket, with the validation loss and the decoding speed (docs/translation.md).
 
 BLEU is a corpus statistic, not a mean over sentences: each worker adds up sacreBLEU's sufficient statistics (the
-matched and total n-gram counts, the hypothesis and reference lengths) of its shard and bucket, the sums are
-all-reduced, and the score is computed from the totals (`sacrebleu.BLEU.compute_bleu`), which is what
-`sacrebleu.corpus_bleu` computes on the whole validation set at once.
+matched and total n-gram counts, the hypothesis and reference lengths: `BLEU.corpus_score`) of its shard and bucket,
+the sums are all-reduced, and the score is computed from the totals by sacreBLEU's `BLEU.compute_bleu` with the
+smoothing `corpus_bleu` uses ('exp'), which is what `sacrebleu.corpus_bleu` computes on those sentences at once.
+S_eff (STLT layers) is counted over the teacher-forced forward of every validation pair, not the beam search.
 
 Geometry: the encoder's output tokens (the memory the decoder reads), padding left out, grouped by the source token
 at their position, over the K most frequent source tokens of the validation split (`geometry.top_targets`): the
@@ -29,7 +30,10 @@ from study.tasks.base import GeometryPictures, Task
 PAD, BOS, EOS = 0, 1, 2  # study/data/translation.py's special ids (the model's pad_id is set by the data to PAD)
 # Source-length buckets in words, (name, fewest, most): the write-up's claim is on sentences over 100 words.
 BUCKETS = (("le20", 0, 20), ("21_50", 21, 50), ("51_100", 51, 100), ("gt100", 101, None))
-BLEU_STATS = 10  # sacreBLEU's sufficient statistics: 4 matched n-gram counts, 4 totals, sys_len, ref_len
+# sacrebleu.corpus_bleu's metric: its defaults are corpus_bleu's (13a tokenisation, 'exp' smoothing, case-sensitive)
+SACREBLEU = sacrebleu.BLEU()
+ORDER = SACREBLEU.max_ngram_order
+BLEU_STATS = 2 * ORDER + 2  # sacreBLEU's sufficient statistics: matched n-grams per order, totals, sys_len, ref_len
 # The accumulator's language-collapse names, and what they are called here (groups are source tokens).
 GEOMETRY_NAMES = {"total_var": "total_var", "within_seq_var": "within_seq_var", "pcs99": "pcs99",
                   "within_target_var": "within_token_var", "between_target_var": "between_token_var",
@@ -52,20 +56,24 @@ class TranslationOptions(BaseModel):
 
 
 def bleu_statistics(hypotheses: list[str], references: list[str]) -> torch.Tensor:
-    """sacreBLEU's sufficient statistics of a set of sentences (float64, BLEU_STATS), zeros for none."""
+    """sacreBLEU's sufficient statistics of a set of sentences, summed (float64, BLEU_STATS: matched n-grams of each
+    order, their totals, sys_len, ref_len), zeros for none."""
     if not hypotheses:
         return torch.zeros(BLEU_STATS, dtype=torch.float64)
-    score = sacrebleu.BLEU().corpus_score(hypotheses, [references])
+    score = SACREBLEU.corpus_score(hypotheses, [references])
     return torch.tensor([*score.counts, *score.totals, score.sys_len, score.ref_len], dtype=torch.float64)
 
 
 def bleu_from_statistics(stats: torch.Tensor) -> float:
-    """Corpus BLEU (0-100) from summed statistics, as sacrebleu.corpus_bleu scores the sentences together; NaN when
-    there is no sentence."""
+    """Corpus BLEU (0-100) from summed statistics, with corpus_bleu's smoothing, as sacrebleu.corpus_bleu scores the
+    sentences together; NaN when there is no sentence."""
     values = [int(round(v)) for v in stats.tolist()]
-    if values[9] == 0:
+    sys_len, ref_len = values[2 * ORDER:]
+    if ref_len == 0:
         return float("nan")
-    return sacrebleu.BLEU.compute_bleu(values[:4], values[4:8], values[8], values[9]).score
+    return sacrebleu.BLEU.compute_bleu(
+        values[:ORDER], values[ORDER:2 * ORDER], sys_len, ref_len, smooth_method=SACREBLEU.smooth_method,
+        smooth_value=SACREBLEU.smooth_value, effective_order=SACREBLEU.effective_order, max_ngram_order=ORDER).score
 
 
 def bucket_of(words: int) -> int:
@@ -89,6 +97,7 @@ class Translation(Task):
     input_key = "src"
     sum_names = ("loss", "tokens")
     quality_metrics = ("val_bleu", "val_loss", *(f"val_bleu_{name}" for name, _, _ in BUCKETS),
+                       "val_bleu_sentences", *(f"val_bleu_{name}_sentences" for name, _, _ in BUCKETS),
                        "decode_tokens_per_s")
     throughput = ("samples", "tokens")
     geometry_metrics = tuple(GEOMETRY_NAMES.values())
@@ -115,18 +124,20 @@ class Translation(Task):
         return {"samples": len(batch["src"]), "tokens": int((batch["tgt_out"] != PAD).sum())}
 
     def evaluate(self, batches, *, autocast, geometry):
-        """The validation loss (cross-entropy per target token, unsmoothed) over every pair, then beam search on
-        the first `mt_bleu_sentences` of this worker's pairs: BLEU overall and per source-length bucket, and the
-        generated tokens per second of decoding; at geometry epochs the encoder geometry of the first batches."""
+        """The validation loss (cross-entropy per target token, unsmoothed) and S_eff over every pair, then beam
+        search on the first `mt_bleu_sentences` of this worker's pairs: BLEU overall and per source-length bucket,
+        with the sentences each holds, and the generated tokens per second of decoding; at geometry epochs the
+        encoder geometry of the first batches."""
         model, option = self.model, self.option
         model.eval()
         sums = torch.zeros(len(self.sum_names), dtype=torch.float64)
         decoding = torch.zeros(2, dtype=torch.float64)  # tokens generated, seconds
         hypotheses, references, buckets = [], [], []
         accumulator = self.new_accumulator() if geometry else None
+        nodes = self.node_counts()
         with torch.no_grad():
             for index, batch in enumerate(batches):
-                with autocast:
+                with autocast, nodes.counting():
                     memory = model.encode(batch["src"])
                     logits = model.decode(batch["tgt_in"], memory)
                 sums += torch.stack([F.cross_entropy(logits.float().flatten(0, 1), batch["tgt_out"].flatten(),
@@ -151,16 +162,21 @@ class Translation(Task):
                 hypotheses += vocabulary.decode(out.tokens.tolist())
                 references += vocabulary.decode(batch["tgt_out"][:room].tolist())
                 buckets += [bucket_of(int(w)) for w in batch["src_words"][:room]]
-        stats = torch.stack([bleu_statistics(hypotheses, references)] + [
-            bleu_statistics([h for h, b in zip(hypotheses, buckets) if b == i],
-                            [r for r, b in zip(references, buckets) if b == i]) for i in range(len(BUCKETS))])
+        # Row 0: every decoded sentence; row 1 + i: those of bucket i. Each: its count, then sacreBLEU's statistics.
+        groups = [list(range(len(hypotheses)))] + [[j for j, b in enumerate(buckets) if b == i]
+                                                    for i in range(len(BUCKETS))]
+        stats = torch.stack([torch.cat([torch.tensor([float(len(group))], dtype=torch.float64),
+                                        bleu_statistics([hypotheses[j] for j in group],
+                                                        [references[j] for j in group])]) for group in groups])
         totals = self.worker.all_reduce(torch.cat([sums, decoding, stats.flatten()]))
-        sums, decoding, stats = totals[:2], totals[2:4], totals[4:].view(-1, BLEU_STATS)
+        sums, decoding, stats = totals[:2], totals[2:4], totals[4:].view(len(groups), 1 + BLEU_STATS)
         seconds = decoding[1].item() / self.worker.world  # the workers decode side by side
-        metrics = {"val_loss": sums[0].item() / max(sums[1].item(), 1), "val_bleu": bleu_from_statistics(stats[0]),
-                   **{f"val_bleu_{name}": bleu_from_statistics(stats[1 + i]) for i, (name, _, _) in
-                      enumerate(BUCKETS)},
-                   "decode_tokens_per_s": decoding[0].item() / seconds if seconds > 0 else float("nan")}
+        names = ["val_bleu", *(f"val_bleu_{name}" for name, _, _ in BUCKETS)]
+        metrics = {"val_loss": sums[0].item() / max(sums[1].item(), 1),
+                   **{name: bleu_from_statistics(row[1:]) for name, row in zip(names, stats)},
+                   **{f"{name}_sentences": int(row[0]) for name, row in zip(names, stats)},
+                   "decode_tokens_per_s": decoding[0].item() / seconds if seconds > 0 else float("nan"),
+                   **nodes.metrics()}
         return self.finish_evaluation(metrics, accumulator if geometry else None, [])
 
     # ---- geometry: the encoder's output tokens grouped by their source token ---------------------------------------
