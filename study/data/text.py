@@ -236,8 +236,9 @@ def gpt2_available(raise_if_not: bool = False) -> bool:
 
 
 def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
-    """The tokenizer a config asks for (nanochat's BPE: `source_tokenizer`, which trains it). gpt2 comes from tokenizer_file, else tiktoken's cache, else a download when
-    the BPE host answers within seconds; otherwise gpt2 is a UserError and auto falls back to bytes."""
+    """The tokenizer a config asks for. gpt2 comes from tokenizer_file, else tiktoken's cache, else a download when
+    the BPE host answers within seconds; otherwise gpt2 is a UserError and auto falls back to bytes. nanochat's BPE
+    comes from tokenizer_file here (`source_tokenizer` trains it)."""
     if kind == "byte":
         return Tokenizer("byte")
     if kind == "nanochat":
