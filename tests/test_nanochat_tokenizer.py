@@ -165,3 +165,24 @@ def test_a_run_names_its_trained_bpe_in_every_dataset_that_reads_it_and_reloads(
     assert [(d.tokenizer, d.tokenizer_file) for d in datasets] == [("nanochat", str(tmp_path / "bpe.tiktoken"))] * 3
     assert RunSpec.model_validate(pinned.document()) == pinned
     assert spec.with_tokenizer_file(None) is spec
+
+
+def test_the_d20_pretraining_data_fails_at_once_offline_before_any_training(monkeypatch, tmp_path):
+    """Offline, with no local copy of FineWeb-Edu, the d20 spaces' data is refused at once, naming the offline
+    alternatives (a local copy, text_files, pydoc_text), before a BPE is trained or anything is written."""
+    import time
+    from pathlib import Path
+
+    from study.data import check_dataset
+    from study.space import load_space
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("LAPSTUDY_DATA_DIR", str(tmp_path))
+    space = load_space(Path(__file__).parents[1] / "search_spaces" / "gpt_d20_stages.yaml")
+    started = time.monotonic()
+    with pytest.raises(UserError) as refused:
+        check_dataset(space.task, space.dataset)
+    assert time.monotonic() - started < 3
+    message = str(refused.value)
+    assert "fineweb" in message.lower() and "text_files" in message and "pydoc_text" in message
+    assert list(tmp_path.iterdir()) == []
