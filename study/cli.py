@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-failures", type=int, default=2, metavar="N",
                      help="retries of a trial's workers (and of the trial) after a crash or a lost node")
     run.add_argument("--resume", action="store_true", help="continue the study in the study folder after a crash")
+    run.add_argument("--dry-run", action="store_true",
+                     help="check the space and print what each trial would train (stages, models with their "
+                          "parameter counts, steps, resources), then stop: no Ray, no data read")
     run.add_argument("--worker-resource", action="append", default=[], metavar="NAME=AMOUNT",
                      help="a custom Ray resource each Train worker asks for, to place workers on a kind of node "
                           "(repeatable; e.g. spot=1 when cluster.yaml gives spot nodes that resource)")
@@ -211,6 +214,11 @@ def _dispatch(args) -> int:
             allow_code_execution=args.allow_code_execution,
         )
         space, name = check_study(options)  # before Ray, MLflow, Optuna and matplotlib are imported
+        if args.dry_run:
+            from study.dry_run import describe_study
+
+            print(describe_study(space, name, options))
+            return 0
 
         from study.driver import run_study
 

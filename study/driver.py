@@ -190,7 +190,8 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
         return
 
     def fits_the_data(hyperparameters):
-        complete = complete_hyperparameters(hyperparameters, task_data.model_overrides, space.task)
+        complete = complete_hyperparameters(hyperparameters, task_data.model_overrides, space.task,
+                                            epochs=space.epochs)
         plan_run(space.run_spec(complete, resources), task_data)
 
     space.check_configs(task_data.model_overrides, check=fits_the_data)

@@ -29,6 +29,7 @@ from study.runspec import (
     check_loss,
     check_run_config,
     check_stages,
+    complete_hyperparameters,
 )
 from study.tasks import GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
@@ -525,10 +526,38 @@ class SearchSpace(_Strict):
 
     def _check_stages(self, hyperparameters: dict) -> None:
         """Every later stage's model and training keys (the keys its data shapes wait for its data, which the trial
-        opens when the stage starts)."""
+        opens when the stage starts); where a stage sizes its steps by param_data_ratio, its steps too, on the
+        model its data is known to give."""
         run = self.run_spec(hyperparameters, Resources())
         for i, (_, _, stage) in enumerate(run.stage_runs()[1:]):
             check_run_config(stage.hyperparameters, stage.task, f"stages[{i}].hyperparameters", before_data=True)
+        if "param_data_ratio" in hyperparameters or any("param_data_ratio" in s.hyperparameters for s in self.stages):
+            self.planned_stages(hyperparameters)
+
+    def planned_stages(self, hyperparameters: dict) -> list[tuple[str | None, RunSpec]]:
+        """(stage name, what it trains) of a trial with these hyperparameters (`resolve`), each stage's
+        hyperparameters completed as its trial completes them, with the model keys its data is known to fix before
+        it is read (a source's `model_keys`: the context length, the vocabulary of nanochat's BPE, GPT-2's or
+        bytes'); steps_per_epoch from param_data_ratio on the model built. The first stage's name is None."""
+        first = self.run_spec(hyperparameters, Resources())
+        planned = []
+        for name, _, stage in first.stage_runs():
+            known = stage.dataset.model_keys() if hasattr(stage.dataset, "model_keys") else {}
+            if getattr(stage.dataset, "tokenizer", None) == "nanochat" and "vocab_size" not in known and planned:
+                known["vocab_size"] = planned[-1][1].hyperparameters["vocab_size"]  # it reads the BPE before it
+            if name is None:
+                where = "hyperparameters"
+            else:  # as study/stages.py: the keys the stage carries forward are not the data's to set
+                known = {k: v for k, v in known.items() if k not in task_class(stage.task).carried_sets}
+                where = f"stages.{name}.hyperparameters"
+            complete = complete_hyperparameters(stage.hyperparameters, known, stage.task, where, epochs=stage.epochs)
+            if name is None:  # the later stages keep the first one's completed keys, as in a trial
+                first = first.model_copy(update={"hyperparameters": complete})
+                stage = first.model_copy(update={"stages": []})
+                planned.append((name, stage))
+                continue
+            planned.append((name, stage.model_copy(update={"hyperparameters": complete})))
+        return planned
 
     def _blame(self, message: str, sampled: dict, blame: str, data_overrides: dict, *,
                depends_on_sampled: bool = False) -> str:

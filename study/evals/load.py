@@ -78,8 +78,8 @@ def tokenizer_for(dataset, vocab: int, where: str) -> Tokenizer:
     if vocab == byte.vocab_size:
         return byte
     kind = getattr(dataset, "tokenizer", "byte")
-    tokenizer = dataclasses.replace(resolve_tokenizer("gpt2" if kind == "auto" else kind,
-                                                      getattr(dataset, "tokenizer_file", None)), chat=chat)
+    tokenizer = resolve_tokenizer("gpt2" if kind == "auto" else kind, getattr(dataset, "tokenizer_file", None))
+    tokenizer = dataclasses.replace(tokenizer, chat=chat or tokenizer.chat)  # nanochat's always holds them
     if tokenizer.vocab_size > vocab:
         raise UserError(f"{where}: dataset.tokenizer {tokenizer.name} has {tokenizer.vocab_size} tokens but the model "
                         f"has vocab_size {vocab}")
