@@ -15,6 +15,8 @@ from study.status import TrialStatus, trial_status
 from study.tracking import close_run
 
 PROGRESS_EVERY_S = 30.0
+# A trial Tune has made but not started for this long waits for nodes (the autoscaler's), not for its own start.
+WAITING_AFTER_S = 10.0
 
 
 class CloseTrialRuns(Callback):
@@ -38,7 +40,7 @@ class CloseTrialRuns(Callback):
 
 class StudyProgress(Callback):
     """Live progress on the console: a line per started and finished trial, and the state of the study (done,
-    stopped early, failed, running, best so far) whenever a trial ends and at least every 30 s."""
+    stopped early, failed, running, waiting for nodes, best so far) whenever a trial ends and at least every 30 s."""
 
     def __init__(self, space: SearchSpace, num_samples: int):
         self.metrics, self.modes, self.num_samples = space.metrics, space.modes, num_samples
@@ -49,6 +51,7 @@ class StudyProgress(Callback):
         self.started = time.monotonic()
         self.last_line = 0.0
         self.last_status = None
+        self.pending_since: dict[str, float] = {}
 
     def setup(self, **info):
         self._reset()
@@ -72,6 +75,7 @@ class StudyProgress(Callback):
         self._status(trials, force=True)
 
     def on_step_end(self, iteration, trials, **info):
+        self._note_pending(trials)
         self._status(trials)
 
     def _status(self, trials, force=False, finished=None):
@@ -83,6 +87,9 @@ class StudyProgress(Callback):
         done = sum(counts[s] for s in TrialStatus if s.finished)
         line = (f"{done}/{self.num_samples} done ({counts[TrialStatus.EARLY_STOPPED]} stopped early, "
                 f"{counts[TrialStatus.FAILED]} failed), {counts[TrialStatus.RUNNING]} running")
+        waiting = sum(now - since >= WAITING_AFTER_S for since in self.pending_since.values())
+        if waiting:
+            line += f", {waiting} waiting for nodes"
         best = best_records(records, self.metrics, self.modes, include_running=True)
         if best and len(self.metrics) == 1:
             r = best[0]
@@ -93,6 +100,13 @@ class StudyProgress(Callback):
         if force or line != self.last_status:
             self._print(line)
             self.last_status = line
+
+    def _note_pending(self, trials):
+        """Since when each trial Tune has made has not started: after WAITING_AFTER_S no node has room for it yet
+        (on an autoscaling cluster, until the nodes the autoscaler adds for it join)."""
+        now = time.monotonic()
+        pending = {t.trial_id for t in trials if t.status == "PENDING"}
+        self.pending_since = {trial: self.pending_since.get(trial, now) for trial in pending}
 
     def _print(self, text):
         elapsed = int(time.monotonic() - self.started)

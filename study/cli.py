@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-failures", type=int, default=2, metavar="N",
                      help="retries of a trial's workers (and of the trial) after a crash or a lost node")
     run.add_argument("--resume", action="store_true", help="continue the study in the study folder after a crash")
+    run.add_argument("--dry-run", action="store_true",
+                     help="check the space and print what each trial would train (stages, models with their "
+                          "parameter counts, steps, resources), then stop: no Ray, no data read")
     run.add_argument("--worker-resource", action="append", default=[], metavar="NAME=AMOUNT",
                      help="a custom Ray resource each Train worker asks for, to place workers on a kind of node "
                           "(repeatable; e.g. spot=1 when cluster.yaml gives spot nodes that resource)")
@@ -121,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "./exported/NAME for a study in object storage)")
     export.add_argument("--json", action="store_true", help="print what was written as one JSON document (each "
                         "file with its rank, trial and values) instead of one path a line")
+    export.add_argument("--register", action="store_true", help="also log the best trial's trained model to its "
+                        "MLflow run (with a signature) and register it in MLflow's model registry under the study's "
+                        "name")
 
     train = commands.add_parser("train", help="one run of a run config through the same Ray Train loop")
     train.add_argument("config", type=user_path, metavar="CONFIG.yaml")
@@ -210,6 +216,11 @@ def _dispatch(args) -> int:
             allow_code_execution=args.allow_code_execution,
         )
         space, name = check_study(options)  # before Ray, MLflow, Optuna and matplotlib are imported
+        if args.dry_run:
+            from study.dry_run import describe_study
+
+            print(describe_study(space, name, options))
+            return 0
 
         from study.driver import run_study
 
@@ -251,16 +262,28 @@ def _dispatch(args) -> int:
         folder = _read_study(args.study_dir)
         out = args.out or (Path.cwd() / "exported" / folder.name if folder.remote else None)
         written = export(folder, top, out)
+        registered = None
+        if args.register:
+            from study.register import register_best
+
+            best = written[0][1]
+            registered = register_best(folder, best["trial_id"], best["mlflow_run_id"],
+                                       folder.record().tracking_uri, folder.name)
         if args.json:
             from study.results import json_number
 
             print(json.dumps({"study": folder.location, "exported": [
                 {"path": str(path), "rank": provenance["rank"], "trial_id": provenance["trial_id"],
                  "value": {m: json_number(v) for m, v in provenance["value"].items()}}
-                for path, provenance in written]}, indent=2))
+                for path, provenance in written], **({"registered": {
+                    "name": registered.name, "version": int(registered.version), "run_id": registered.run_id,
+                    "uri": f"models:/{registered.name}/{registered.version}"}} if registered else {})}, indent=2))
         else:
             for path, _ in written:
                 print(path)
+            if registered:
+                print(f"registered {registered.name} version {registered.version} "
+                      f"(models:/{registered.name}/{registered.version}) from trial {written[0][1]['trial_id']}")
         return 0
     if args.command == "eval":
         from study.evals.cli import run_eval

@@ -3,6 +3,7 @@ joins) its Ray cluster."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -16,7 +17,6 @@ from ray.exceptions import AuthenticationError
 from study.errors import UserError
 from study.ray_address import SETUP_HOOK, pin_ray_address
 from study.storage import STORAGE_VARIABLES, is_remote, staging_folder
-from study.tracking import MLFLOW_CREDENTIAL_VARIABLES
 
 ADDRESS_FORMS = "auto, HOST:PORT (the head's address, e.g. 10.0.0.5:6379) or ray://HOST:PORT"
 ADDRESS_TIMEOUT_S = 5.0
@@ -120,21 +120,63 @@ def check_state_api(where: str) -> None:
                         "start the head with `ray start --head --include-dashboard=true`")
 
 
+# What the study's Ray workers get from the driver through the runtime environment: settings, never credentials.
+# Ray shows a job's runtime environment to anyone who reaches the dashboard or the State API, so MLflow's, the hub's
+# and the object store's credentials reach the workers through their nodes' own environment instead: inherited from
+# this process on a local cluster, set on each node of a real one (cluster.yaml's cluster.env, k8s Secrets).
+WORKER_SETTINGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *STORAGE_VARIABLES)
+
+
+def job_runtime_env() -> dict:
+    """The runtime environment of the Ray job this process runs as (`ray job submit --runtime-env-json`), {}
+    outside a job. Ray merges it with the one `ray.init` is given and refuses a key that both set."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR  # what ray.init itself reads
+
+    injected = os.environ.get(RAY_JOB_CONFIG_JSON_ENV_VAR)
+    return dict(json.loads(injected).get("runtime_env") or {}) if injected else {}
+
+
+def hf_home(storage: str) -> str:
+    """Hugging Face's cache: $HF_HOME, else a folder beside the study's (never the home folder)."""
+    local = staging_folder(storage) if is_remote(storage) else Path(storage)
+    return os.environ.get("HF_HOME") or str(local / ".hf_home")
+
+
+def worker_runtime_env(storage: str, job_env: dict) -> dict:
+    """The runtime environment `connect_ray` gives `ray.init`: what the workers need (no credential), less the
+    variables the job's own runtime environment (`job_env`) already sets: the job's values reach the workers
+    anyway, and Ray refuses to merge two environments that set the same variable."""
+    env = {"MLFLOW_DISABLE_TELEMETRY": "true", "HF_HOME": hf_home(storage),
+           TRAIN_POLL_VARIABLE: os.environ.get(TRAIN_POLL_VARIABLE, TRAIN_POLL_S),
+           # Workers' output reaches the driver's (log_to_driver): no progress bars or INFO lines of Ray Data, none
+           # of MLflow's.
+           "RAY_TQDM": "0", "RAY_DATA_LOG_LEVEL": "WARNING", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+    env.update({key: os.environ[key] for key in WORKER_SETTINGS if key in os.environ})
+    taken = set(job_env.get("env_vars") or {})
+    return {"env_vars": {key: value for key, value in env.items() if key not in taken},
+            "worker_process_setup_hook": SETUP_HOOK}
+
+
+TUNE_CONTROLLER_LOGGER = "ray.tune.execution.tune_controller"
+
+
+class WithoutTrialTracebacks(logging.Filter):
+    """Drops the full traceback Tune logs for every failed trial: the progress line already names the error, and
+    `lapstudy status` keeps it. Every other record of Tune's passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Trial task failed for trial")
+
+
 def connect_ray(address: str | None, storage: str) -> str | None:
     """Start a local cluster (dashboard on: Tune needs it to clean up the placement groups of stopped trials) or
     join the one at `address`. Returns the local cluster's session folder (None when joining one)."""
-    env = {"MLFLOW_DISABLE_TELEMETRY": "true"}
-    local = staging_folder(storage) if is_remote(storage) else Path(storage)
-    env["HF_HOME"] = os.environ.get("HF_HOME") or str(local / ".hf_home")
-    # Passed to the workers in memory (Ray's runtime environment), never written to the study folder.
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN", *MLFLOW_CREDENTIAL_VARIABLES, *STORAGE_VARIABLES):
-        if key in os.environ:
-            env[key] = os.environ[key]
-    env[TRAIN_POLL_VARIABLE] = os.environ.get(TRAIN_POLL_VARIABLE, TRAIN_POLL_S)
-    os.environ.setdefault("HF_HOME", env["HF_HOME"])
+    job_env = job_runtime_env()
+    runtime_env = worker_runtime_env(storage, job_env)
+    os.environ.setdefault("HF_HOME", hf_home(storage))
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    runtime_env = {"env_vars": env, "worker_process_setup_hook": SETUP_HOOK}
-    kwargs = dict(runtime_env=runtime_env, log_to_driver=False, logging_level="ERROR")
+    # Workers' output (their warnings, CUDA and NCCL errors) reaches the driver's, and so `ray job logs`.
+    kwargs = dict(runtime_env=runtime_env, log_to_driver=True, logging_level="ERROR")
     where = f"--address {address}" if address else "local Ray cluster"
     try:
         if address:
@@ -147,15 +189,23 @@ def connect_ray(address: str | None, storage: str) -> str | None:
                         "here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN); copy the cluster's "
                         "token") from None
     except (ConnectionError, ValueError, RuntimeError, OSError) as exc:  # OSError: e.g. RAY_TMPDIR too long
-        raise UserError(f"{where}: cannot connect ({' '.join(str(exc).split())[:200]})") from None
+        # Ray's whole reason, less the values of the job's variables it quotes (a merge refusal quotes them all).
+        reason = " ".join(str(exc).split())
+        for value in (job_env.get("env_vars") or {}).values():
+            if len(str(value)) >= 4:
+                reason = reason.replace(str(value), "***")
+        raise UserError(f"{where}: cannot connect ({reason})") from None
     pin_ray_address()
     if not (address or "").startswith("ray://"):  # through Ray Client, Tune's driver runs on the cluster, not here
         check_state_api(where)
-    # Ray's, Optuna's and MLflow's own log lines would bury the progress lines; errors still come through.
+    # Ray's, Ray Data's and MLflow's own log lines would bury the progress lines; errors still come through, and
+    # Tune's warnings (among them that trials have waited long for resources no node offers).
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     for logger in ("ray", "ray.train", "ray.data"):
         logging.getLogger(logger).setLevel(logging.ERROR)
-    # Tune logs every trial error with its full traceback; the progress lines already name the error.
-    logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    tune_controller = logging.getLogger(TUNE_CONTROLLER_LOGGER)
+    if not any(isinstance(f, WithoutTrialTracebacks) for f in tune_controller.filters):
+        tune_controller.addFilter(WithoutTrialTracebacks())
     sys.stdout.flush()
     return session_dir

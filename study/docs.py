@@ -34,7 +34,7 @@ def schema_sections() -> dict[str, list[tuple[str, type[BaseModel]]]]:
     def source_name(config) -> str:
         return typing.get_args(config.model_fields["source"].annotation)[0]
 
-    return {
+    sections = {
         "training": [("Training keys", TrainConfig)],
         "task-options": [(f"task `{name}`", task.options) for name, task in TASKS.items() if task.options is not None],
         "space": [("Search space file", SearchSpace), ("`type: categorical` parameter, or a plain list", Categorical),
@@ -45,6 +45,23 @@ def schema_sections() -> dict[str, list[tuple[str, type[BaseModel]]]]:
         "dataset": [(f"`source: {source_name(config)}`", config) for config in SOURCE_CONFIGS]
         + [("chat part: a `train:` / `val:` entry of `source: chat`", ChatPart)],
     }
+    # A model nested in a section's models that has no table of its own gets one, in that section, named by the
+    # field that holds it.
+    listed = {model for tables in sections.values() for _, model in tables}
+    for tables in sections.values():
+        for _, model in list(tables):
+            for name, field in model.model_fields.items():
+                for nested in _models_in(field.annotation):
+                    if nested not in listed:
+                        listed.add(nested)
+                        tables.append((f"`{name}:`", nested))
+    return sections
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
 
 
 def _cell(text: str) -> str:

@@ -105,7 +105,9 @@ def run_study(options: RunOptions, space: SearchSpace, name: str) -> int:
     print(f"study {name} in {folder.location}: {trials} trials{replicated} of {space.epochs} epochs, up to "
           f"{launch.concurrency} at a time, {resources.workers} worker(s) x {resources.cpus_per_worker:g} CPU"
           + (f" + {resources.gpus_per_worker:g} GPU" if resources.gpus_per_worker else "") + " per trial"
-          + (", trained in the trial's own process" if in_process else ""), flush=True)
+          + (", trained in the trial's own process" if in_process else "")
+          + (f"; {launch.fit_now} fit on the nodes up now, the others wait for the nodes the autoscaler adds"
+             if launch.fit_now < launch.concurrency else ""), flush=True)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", str(EXPERIMENT_STATE_EVERY_S))
     if not space.reported_every_epoch():
         # The metric of a later stage is in that stage's reports only, a benchmark's in the last: Tune would refuse
@@ -188,7 +190,8 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
         return
 
     def fits_the_data(hyperparameters):
-        complete = complete_hyperparameters(hyperparameters, task_data.model_overrides, space.task)
+        complete = complete_hyperparameters(hyperparameters, task_data.model_overrides, space.task,
+                                            epochs=space.epochs)
         plan_run(space.run_spec(complete, resources), task_data)
 
     space.check_configs(task_data.model_overrides, check=fits_the_data)

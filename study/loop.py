@@ -130,7 +130,8 @@ def train_loop_per_worker(loop_config: dict) -> dict:
                     evaluated = time.perf_counter()
                     for evaluation in spec.evaluate:
                         metrics.update(evaluate_stage(model, evaluation, spec.dataset, seed=spec.seed,
-                                                      allow_code_execution=allow_code_execution))
+                                                      allow_code_execution=allow_code_execution,
+                                                      tokenizer=task_data.tokenizer))
                     metrics["benchmark_s"] = time.perf_counter() - evaluated
             else:
                 # Stop at once: retrying from the checkpoint would diverge the same way. The study marks it failed.

@@ -4,7 +4,7 @@ the cluster and the data the run starts with.
 Before Ray starts and before anything is written: the model and training keys that need no data, the tracking
 server, the cluster address, and the dataset (a wrong or offline dataset fails in seconds). Then Ray starts (or is
 joined), the data is opened, and the checks that need them run: the keys the data fixes, the batch size against the
-split, and whether the workers fit on the cluster.
+split, and whether the workers fit on the cluster (on the nodes up now or on those its autoscaler can add).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import ray
 
 from study.cluster import check_address, check_tracking_store, connect_ray
 from study.data import DatasetConfig, TaskData, check_dataset, load_task_data
-from study.resources import trial_concurrency
+from study.node_types import declared_node_types
+from study.resources import trial_concurrency, trials_that_fit
 from study.runspec import Resources
 from study.session import DriverRecord, end_session
 from study.tracking import check_store
@@ -42,8 +43,9 @@ class Request:
 @dataclass(frozen=True)
 class Launch:
     task_data: TaskData
-    concurrency: int  # trials that fit side by side
+    concurrency: int  # trials that may run side by side (on nodes the autoscaler adds, too)
     session_dir: str | None  # the local Ray session started (None: joined a cluster)
+    fit_now: int  # of those, how many the nodes up at the start hold
 
 
 def preflight(request: Request, check_configs: Callable[[TaskData | None], None],
@@ -69,5 +71,6 @@ def preflight(request: Request, check_configs: Callable[[TaskData | None], None]
                          hosts={node["NodeManagerAddress"] for node in alive})
     nodes = [node["Resources"] for node in alive]
     concurrency = trial_concurrency(request.resources, ray.cluster_resources(), nodes, request.max_concurrent,
-                                    worker_resources=request.worker_resources)
-    return Launch(task_data, concurrency, session_dir)
+                                    worker_resources=request.worker_resources, node_types=declared_node_types())
+    fit_now = trials_that_fit(request.resources, [(node, 1) for node in nodes], request.worker_resources)
+    return Launch(task_data, concurrency, session_dir, min(concurrency, int(fit_now)))

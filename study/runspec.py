@@ -49,6 +49,10 @@ class TrainConfig(BaseModel):
     steps_per_epoch: int | None = Field(
         None, ge=1, description="optimiser steps per epoch (required for streamed data of unknown length)"
     )
+    param_data_ratio: float | None = Field(
+        None, gt=0, description="language models: training tokens per model parameter, nanochat base_train's "
+        "target_param_data_ratio (20): the run's steps are ratio x parameters // (batch_size x context_length), "
+        "over its epochs; steps_per_epoch then follows from the model built")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
     matrix_lr: float = Field(0.02, gt=0, description="nanochat: Muon's learning rate of the blocks' 2-D matrices")
     embedding_lr: float = Field(0.2, gt=0, description="nanochat: AdamW's learning rate of the token embedding, "
@@ -212,6 +216,21 @@ class RunSpec(BaseModel):
             offset += stage.epochs
         return runs
 
+    def with_tokenizer_file(self, path: str | None) -> "RunSpec":
+        """This run with the BPE its first stage trained (nanochat's, at `path`) named in every dataset that reads
+        nanochat's tokenizer without a file: its later stages, `lapstudy eval` and a re-run then read that BPE."""
+        if not path:
+            return self
+
+        def pinned(dataset):
+            if getattr(dataset, "tokenizer", None) == "nanochat" and not dataset.tokenizer_file:
+                return dataset.model_copy(update={"tokenizer_file": path})
+            return dataset
+
+        return self.model_copy(update={"dataset": pinned(self.dataset), "stages": [
+            stage.model_copy(update={"dataset": pinned(stage.dataset)}) if stage.dataset else stage
+            for stage in self.stages]})
+
     @property
     def train(self) -> TrainConfig:
         return train_config(self.hyperparameters)
@@ -357,15 +376,42 @@ def _check_run_config(hyperparameters: dict, task: str, where: str) -> dict:
     return resolved
 
 
-def complete_hyperparameters(hyperparameters: dict, data_overrides: dict, task: str, where: str = "hyperparameters") -> dict:
-    """Every hyperparameter a run uses, explicitly: the data's model keys applied, the model preset expanded and
-    the training defaults filled in. This is what MLflow records and `lapstudy export` writes."""
+def complete_hyperparameters(hyperparameters: dict, data_overrides: dict, task: str, where: str = "hyperparameters",
+                             *, epochs: int) -> dict:
+    """Every hyperparameter a run of `epochs` epochs uses, explicitly: the data's model keys applied, the model
+    preset expanded, the training defaults filled in and steps_per_epoch derived from param_data_ratio. This is what
+    MLflow records and `lapstudy export` writes."""
     with_data = apply_data_overrides(hyperparameters, data_overrides, where)
     model = check_run_config(with_data, task, where)
     if "stlt" in models.build_config(model).mixer_kinds:  # STLT layers: their options with defaults too
         model.update(dataclasses.asdict(stlt_config(model)))
     training = train_config(with_data, where).model_dump()
+    if training["param_data_ratio"] is not None:
+        training["steps_per_epoch"] = ratio_steps_per_epoch(model, training, epochs, where)
     return {**model, **training, **task_options(with_data, task, where)}
+
+
+def ratio_steps_per_epoch(model_config: dict, training: dict, epochs: int, where: str = "hyperparameters") -> int:
+    """nanochat base_train's horizon: num_iterations = target_param_data_ratio x num_params // total_batch_size,
+    num_params counted on the model this config builds, total_batch_size = batch_size x context_length tokens; the
+    steps split evenly over the epochs."""
+    if "context_length" not in model_config:
+        raise UserError(f"{where}.param_data_ratio: counts tokens per step (batch_size x context_length), for "
+                        f"language models; model {model_config['model']!r} has no context_length",
+                        field="param_data_ratio")
+    num_params = models.count_parameters(models.build_model(model_config, device="meta"))
+    tokens_per_step = training["batch_size"] * model_config["context_length"]
+    total = int(training["param_data_ratio"] * num_params) // tokens_per_step
+    if total < epochs or total % epochs:
+        raise UserError(f"{where}.param_data_ratio: {training['param_data_ratio']} x {num_params:,} parameters // "
+                        f"{tokens_per_step:,} tokens per step = {total:,} steps, which {epochs} epochs do not split "
+                        f"evenly; choose epochs that divide {total:,}", field="param_data_ratio")
+    given = training["steps_per_epoch"]
+    if given is not None and given != total // epochs:
+        raise UserError(f"{where}.steps_per_epoch: param_data_ratio {training['param_data_ratio']} gives "
+                        f"{total // epochs:,} steps per epoch ({total:,} over {epochs} epochs), got {given:,}; leave "
+                        f"steps_per_epoch out, or set param_data_ratio: null", field="steps_per_epoch")
+    return total // epochs
 
 
 def slow_lr_scale(model_config: dict) -> float:

@@ -28,6 +28,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from study.bookkeeping import CONFIG_ID, REPLICATE, SEED
 from study.errors import UserError
+from study.geometry_stopper import geometry_stopper
 from study.space import SearchSpace
 from study.status import TrialStatus, configuration_status, trial_status
 
@@ -131,7 +132,13 @@ class StudySearch(OptunaSearch):
             return
         if state is optuna.trial.TrialState.COMPLETE and not all(math.isfinite(v) for v in values):
             state, values = optuna.trial.TrialState.FAIL, None  # Optuna refuses NaN: the trial would stay RUNNING
-        self._ot_study.tell(trial, values if state is optuna.trial.TrialState.COMPLETE else None, state=state)
+        try:
+            self._ot_study.tell(trial, values if state is optuna.trial.TrialState.COMPLETE else None, state=state)
+        except RuntimeError as exc:
+            # The grid sampler calls study.stop() once its grid is used up, which Optuna allows only inside
+            # study.optimize; the trial's state is stored first. Tune's num_samples ends the study instead.
+            if "Study.stop" not in str(exc):
+                raise
         self._completed_trials.add(config_id)
 
 
@@ -263,6 +270,8 @@ def make_searcher(space: SearchSpace, seed: int, folder: Path) -> ReplicatedSear
 def make_scheduler(space: SearchSpace):
     if space.scheduler.kind == "none":
         return FIFOScheduler()
+    if space.scheduler.kind == "geometry":
+        return geometry_stopper(space)
     return ASHAScheduler(
         time_attr="epoch",  # reported explicitly: training_iteration restarts when a trial is restored
         metric=space.metrics[0],

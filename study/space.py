@@ -29,6 +29,7 @@ from study.runspec import (
     check_loss,
     check_run_config,
     check_stages,
+    complete_hyperparameters,
 )
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
@@ -182,9 +183,23 @@ class Sampler(_Strict):
 
 
 class Scheduler(_Strict):
-    kind: Literal["asha", "none"] = "asha"
-    grace_period: int = Field(1, ge=1, description="asha: epochs every trial runs before it can be stopped")
-    reduction_factor: float = Field(2.0, gt=1, description="asha: keep the top 1/reduction_factor at each rung")
+    kind: Literal["asha", "geometry", "none"] = "asha"
+    grace_period: int = Field(1, ge=1, description="asha, geometry: epochs every trial runs before it can be stopped")
+    reduction_factor: float = Field(2.0, gt=1, description="asha, geometry: keep the top 1/reduction_factor at each "
+                                                          "rung")
+    min_finished: int | None = Field(None, ge=2, description="geometry: finished trials before a rung ranks by "
+                                                            "predicted final values (default 5)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.min_finished is not None and self.kind != "geometry":
+            raise ValueError(f"min_finished: only for kind geometry, not {self.kind}")
+        return self
+
+    @property
+    def stops_trials(self) -> bool:
+        """ASHA's rungs, whether it ranks by the objective (asha) or by its prediction (geometry)."""
+        return self.kind != "none"
 
 
 def _kind_shorthand(value):
@@ -262,8 +277,8 @@ class SearchSpace(_Strict):
         if len(self.seeds or range(self.replicates)) > 1 and self.scheduler.kind != "none":
             # ASHA judges every trial on its own: it would stop a configuration's unlucky seeds and keep its lucky
             # ones, and the mean over the survivors would flatter it.
-            raise ValueError("scheduler: asha judges each seed's trial alone, which biases a configuration's mean "
-                             "over its replicates; with replicates use scheduler: none")
+            raise ValueError(f"scheduler: {self.scheduler.kind} judges each seed's trial alone, which biases a "
+                             "configuration's mean over its replicates; with replicates use scheduler: none")
         if self.baseline is not None:
             self._check_point(self.baseline, "baseline")
             missing = [name for name in self._active_parameters({**self.fixed, **self.baseline})
@@ -347,17 +362,18 @@ class SearchSpace(_Strict):
         if isinstance(self.metric, list) != isinstance(self.mode, list) or len(self.metrics) != len(self.modes):
             raise ValueError(f"mode: one mode (min or max) per metric, got metric {self.metric} and mode {self.mode}")
         if self.multi_objective and self.scheduler.kind != "none":
-            raise ValueError("scheduler: asha stops trials on one metric; with several metrics use scheduler: none")
+            raise ValueError(f"scheduler: {self.scheduler.kind} stops trials on one metric; with several metrics use "
+                             "scheduler: none")
         check_stages(self.stages)
         check_evaluation(self.task, self.evaluate, "evaluate")
-        if self.scheduler.kind == "asha" and "/" in self.metrics[0]:
-            raise ValueError(f"scheduler: asha judges trials during their first stage; {self.metrics[0]} is reported "
-                             "by a later one: use scheduler: none")
+        if self.scheduler.stops_trials and "/" in self.metrics[0]:
+            raise ValueError(f"scheduler: {self.scheduler.kind} judges trials during their first stage; "
+                             f"{self.metrics[0]} is reported by a later one: use scheduler: none")
         for i, stage in enumerate(self.stages):
             check_data_kind(stage.task, stage.dataset or self.dataset, f"stages[{i}].dataset")
             check_hyperparameter_names(stage.hyperparameters, f"stages[{i}].hyperparameters")
         check_data_kind(self.task, self.dataset, "dataset")
-        if self.scheduler.kind == "asha" and self.scheduler.grace_period > self.epochs:
+        if self.scheduler.stops_trials and self.scheduler.grace_period > self.epochs:
             raise ValueError(f"scheduler.grace_period: must be <= epochs ({self.epochs}), got {self.scheduler.grace_period}")
 
     # ---- names and conditions -----------------------------------------------------------------------------------
@@ -472,7 +488,7 @@ class SearchSpace(_Strict):
     def judged_epochs(self) -> tuple[int, ...]:
         """The epochs at which ASHA judges a trial (its rungs: grace_period * reduction_factor^k up to epochs, the
         first epoch at or after each); none without ASHA."""
-        if self.scheduler.kind != "asha":
+        if not self.scheduler.stops_trials:
             return ()
         grace, factor = self.scheduler.grace_period, self.scheduler.reduction_factor
         rungs = int(math.log(self.epochs / grace) / math.log(factor) + 1)  # as Ray's ASHA bracket counts them
@@ -519,10 +535,38 @@ class SearchSpace(_Strict):
 
     def _check_stages(self, hyperparameters: dict) -> None:
         """Every later stage's model and training keys (the keys its data shapes wait for its data, which the trial
-        opens when the stage starts)."""
+        opens when the stage starts); where a stage sizes its steps by param_data_ratio, its steps too, on the
+        model its data is known to give."""
         run = self.run_spec(hyperparameters, Resources())
         for i, (_, _, stage) in enumerate(run.stage_runs()[1:]):
             check_run_config(stage.hyperparameters, stage.task, f"stages[{i}].hyperparameters", before_data=True)
+        if "param_data_ratio" in hyperparameters or any("param_data_ratio" in s.hyperparameters for s in self.stages):
+            self.planned_stages(hyperparameters)
+
+    def planned_stages(self, hyperparameters: dict) -> list[tuple[str | None, RunSpec]]:
+        """(stage name, what it trains) of a trial with these hyperparameters (`resolve`), each stage's
+        hyperparameters completed as its trial completes them, with the model keys its data is known to fix before
+        it is read (a source's `model_keys`: the context length, the vocabulary of nanochat's BPE, GPT-2's or
+        bytes'); steps_per_epoch from param_data_ratio on the model built. The first stage's name is None."""
+        first = self.run_spec(hyperparameters, Resources())
+        planned = []
+        for name, _, stage in first.stage_runs():
+            known = stage.dataset.model_keys() if hasattr(stage.dataset, "model_keys") else {}
+            if getattr(stage.dataset, "tokenizer", None) == "nanochat" and "vocab_size" not in known and planned:
+                known["vocab_size"] = planned[-1][1].hyperparameters["vocab_size"]  # it reads the BPE before it
+            if name is None:
+                where = "hyperparameters"
+            else:  # as study/stages.py: the keys the stage carries forward are not the data's to set
+                known = {k: v for k, v in known.items() if k not in task_class(stage.task).carried_sets}
+                where = f"stages.{name}.hyperparameters"
+            complete = complete_hyperparameters(stage.hyperparameters, known, stage.task, where, epochs=stage.epochs)
+            if name is None:  # the later stages keep the first one's completed keys, as in a trial
+                first = first.model_copy(update={"hyperparameters": complete})
+                stage = first.model_copy(update={"stages": []})
+                planned.append((name, stage))
+                continue
+            planned.append((name, stage.model_copy(update={"hyperparameters": complete})))
+        return planned
 
     def _blame(self, message: str, sampled: dict, blame: str, data_overrides: dict, *,
                depends_on_sampled: bool = False) -> str:

@@ -17,20 +17,21 @@ from study.trainer import RunSetup, build_trainer
 
 
 def run_stages(spec: RunSpec, name: str, setup: RunSetup, first_data: TaskData,
-               load_data: Callable[[RunSpec], TaskData]) -> dict:
-    """Train every stage of `spec` (the first on `first_data`, each later one on `load_data(its spec)`); the
+               load_data: Callable[[RunSpec, TaskData], TaskData]) -> dict:
+    """Train every stage of `spec` (the first on `first_data`, each later one on `load_data(its spec, the data of
+    the stage before)`: a chat stage reads with the tokenizer its pre-training trained); the
     final metrics of the last stage that ran (a diverged stage ends the run), with its newest checkpoint's path as
     `checkpoint_path`."""
     stage, final, previous = StageContext(), {}, None
+    data = first_data
     for stage_name, offset, stage_spec in spec.stage_runs():
-        data = first_data
         if stage_name is not None:
-            data = load_data(stage_spec)
+            data = load_data(stage_spec, data)
             where = f"stages.{stage_name}.hyperparameters"
             overrides = {k: v for k, v in data.model_overrides.items()
                          if k not in task_class(stage_spec.task).carried_sets}
             stage_spec = stage_spec.model_copy(update={"hyperparameters": complete_hyperparameters(
-                stage_spec.hyperparameters, overrides, stage_spec.task, where)})
+                stage_spec.hyperparameters, overrides, stage_spec.task, where, epochs=stage_spec.epochs)})
             stage = StageContext(stage_name, offset, final["checkpoint_path"],
                                  {k: v for k, v in final.items() if k not in BOOKKEEPING})
         previous = name if stage_name is None else f"{name}_{stage_name}"

@@ -37,14 +37,17 @@ def train_once(path: Path, spec: RunSpec, *, storage: str, tracking_uri: str | N
         if task_data is None:  # the benchmarks' tasks (study/precheck.py checked the keys that need no data)
             check_evaluations(spec)
         else:
-            complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
+            complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where,
+                                                epochs=spec.epochs)
             plan_run(spec.model_copy(update={"hyperparameters": complete}), task_data)
 
     request = Request(task=spec.task, dataset=spec.dataset, seed=spec.seed, resources=spec.resources, storage=storage,
                       experiment=EXPERIMENT, new_experiment=False, tracking_uri=tracking_uri, address=address)
     task_data = preflight(request, check_configs).task_data
-    complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where)
-    spec = spec.model_copy(update={"hyperparameters": complete})
+    complete = complete_hyperparameters(spec.hyperparameters, task_data.model_overrides, spec.task, where,
+                                        epochs=spec.epochs)
+    spec = spec.model_copy(update={"hyperparameters": complete}).with_tokenizer_file(
+        task_data.params.get("tokenizer_file"))
     if not is_remote(storage):  # the default MLflow store goes in it (preflight refused that for a bucket)
         Path(storage).mkdir(parents=True, exist_ok=True)
     tracking_uri, experiment_id = open_experiment(tracking_uri, Path(storage), EXPERIMENT, must_be_new=False)
@@ -59,7 +62,8 @@ def train_once(path: Path, spec: RunSpec, *, storage: str, tracking_uri: str | N
           f"MLflow experiment {EXPERIMENT!r} at {redact(tracking_uri)}", flush=True)
     try:
         metrics = run_stages(spec, name, setup, task_data,
-                             lambda stage: load_task_data(stage.dataset, seed=spec.seed))
+                             lambda stage, before: load_task_data(stage.dataset, seed=spec.seed,
+                                                                  previous=before))
     except Exception as exc:
         status, error = trial_status("ERROR", None, spec.total_epochs, error=str(exc))
         close_run(tracking_uri, experiment_id, run_id=None, trial_id=name, status=status, error=error)

@@ -49,10 +49,11 @@ def trial_driver(config: dict, study: StudyContext) -> None:
     seed = config.get(SEED, study.seed)  # the replicate's seed (studies started before replicates: the study's)
     replicate = {CONFIG_ID: config.get(CONFIG_ID, trial_id), REPLICATE: config.get(REPLICATE, 0)}
     task_data = load_task_data(space.dataset, seed=seed)
-    hyperparameters = complete_hyperparameters(space.resolve(config), task_data.model_overrides, space.task)
+    hyperparameters = complete_hyperparameters(space.resolve(config), task_data.model_overrides, space.task,
+                                               epochs=space.epochs)
     spec = space.run_spec(hyperparameters, study.resources, seed=seed,
                           provenance={"study": study.folder.name, "trial_id": trial_id, "trial_name": name,
-                                      **replicate})
+                                      **replicate}).with_tokenizer_file(task_data.params.get("tokenizer_file"))
     study.folder.write_trial_config(trial_id, dump_yaml(spec.document()))
     tags = {TAG_CONFIG: replicate[CONFIG_ID], TAG_REPLICATE: str(replicate[REPLICATE])}
     setup = RunSetup(storage_path=study.folder.train_location,
@@ -61,4 +62,5 @@ def trial_driver(config: dict, study: StudyContext) -> None:
                      in_process=study.in_process, report_to_tune=True, max_failures=study.max_failures,
                      worker_resources=study.worker_resources, allow_code_execution=study.allow_code_execution)
     # The trial's name names its stages' Train runs: a restarted trial finds their checkpoints again.
-    run_stages(spec, name, setup, task_data, lambda stage: load_task_data(stage.dataset, seed=seed))
+    run_stages(spec, name, setup, task_data,
+               lambda stage, before: load_task_data(stage.dataset, seed=seed, previous=before))

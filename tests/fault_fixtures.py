@@ -318,9 +318,12 @@ def simulated_cluster(prefix: str, *node_resources: dict):
         cluster = Cluster(shutdown_at_exit=False)
         try:
             head_resources, *others = node_resources
+            # Free ports for the dashboard and every node's agent: Ray's fixed agent port (52365) is taken by any
+            # other Ray instance on the machine, and the job API through that agent then fails.
             nodes = [cluster.add_node(num_cpus=1, resources=head_resources, include_dashboard=True,
-                                      dashboard_port=free_port())]
-            nodes += [cluster.add_node(num_cpus=1, resources=resources) for resources in others]
+                                      dashboard_port=free_port(), dashboard_agent_listen_port=free_port())]
+            nodes += [cluster.add_node(num_cpus=1, resources=resources, dashboard_agent_listen_port=free_port())
+                      for resources in others]
             cluster.wait_for_nodes()
             yield SimpleNamespace(cluster=cluster, nodes=nodes, address=cluster.address, env=study_env(ray_tmp),
                                   ray_tmp=ray_tmp)

@@ -162,3 +162,28 @@ def test_no_placeholder_values_remain(path):
         walk(document)
     found = [v for v in values if PLACEHOLDERS.search(v)]
     assert not found, f"{path}: placeholder values {found}"
+
+
+def test_the_shared_volume_names_a_class_and_the_job_a_start_deadline(documents, job, validator):
+    (claim,) = [d for d in documents if d["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"].get("storageClassName"), "the cluster's default class is usually ReadWriteOnce"
+    deadline = job["spec"].get("preRunningDeadlineSeconds")
+    assert isinstance(deadline, int) and 0 < deadline <= 3600, "a study that cannot start fails within the hour"
+    assert "activeDeadlineSeconds" not in job["spec"], "a running study has no time limit"
+    broken = copy.deepcopy(job)
+    broken["spec"]["preRunningDeadlineSeconds"] = 0
+    assert list(validator.iter_errors(broken)), "the CRD's own bound (minimum 1) is what validates it"
+
+
+def test_the_head_trains_nothing_and_credentials_come_from_secrets(job):
+    cluster = job["spec"]["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert all(g["rayStartParams"].get("num-cpus") != "0" for g in cluster["workerGroupSpecs"])
+    assert "--runtime-env" not in job["spec"]["entrypoint"] and "runtimeEnvYAML" not in job["spec"]
+    secret_only = {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "HF_TOKEN"}
+    for name, container in _containers(job).items():
+        env = {e["name"]: e for e in container.get("env", [])}
+        for key in secret_only & set(env):
+            assert "value" not in env[key] and env[key]["valueFrom"]["secretKeyRef"], (name, key)
+        # Rank 0 of a trial, on a worker, logs to MLflow: the workers get the server's credentials too.
+        assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(env), name

@@ -8,6 +8,7 @@ the cache is checked against a full forward over the whole sequence at every ste
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -399,3 +400,107 @@ def test_the_paper_space_is_the_stages_space_with_the_papers_grid_and_evaluation
     counts = {k: build_config({"preset": "gpt_d20", "schedule": "ramp", "start_layer": 4, "increment": 1,
                                "max_count": k}).laplacian_counts for k in (0, 5, 9)}
     assert counts[0] == [0] * 20 and counts[5][:9] == [0, 0, 0, 0, 1, 2, 3, 4, 5] and max(counts[9]) == 9
+
+
+# ---- the paper's spaces train this model, for base_train's horizon, with each stage's clipping ----------------------
+
+D20_SPACES = ("gpt_d20_stages.yaml", "gpt_d20_paper.yaml")
+# nanochat's scripts at e1770a3, written out: base_train.py's horizon and clip; mid_train.py and chat_sft.py have no
+# clip_grad_norm_ call and no grad_clip setting (None: never clipped)
+BASE_TRAIN = {"target_param_data_ratio": 20, "total_batch_size": 524_288, "max_seq_len": 2048, "grad_clip": 1.0}
+STAGE_GRAD_CLIP = {None: BASE_TRAIN["grad_clip"], "midtrain": None, "sft": None}
+
+
+def _planned(space_file: str, **changes):
+    """Every trial of a d20 space, stage by stage, as its trials resolve it (the space's own path, not the preset)."""
+    from pathlib import Path
+
+    import yaml
+
+    from study.space import load_space
+
+    path = Path(__file__).parent.parent / "search_spaces" / space_file
+    if changes:  # the space with some top-level fields changed, written beside the original (its relative paths)
+        document = {**yaml.safe_load(path.read_text()), **changes}
+        path = path.with_name(f".test_{path.stem}_{os.getpid()}.yaml")
+        path.write_text(yaml.safe_dump(document))
+        try:
+            space = load_space(path)
+        finally:
+            path.unlink()
+    else:
+        space = load_space(path)
+    return space, [space.planned_stages(space.resolve({"max_count": k}))
+                   for k in space.parameters["max_count"].choices]
+
+
+def _num_params(stage) -> int:
+    return count_parameters(build_model(stage.model_config_flat, device="meta"))
+
+
+@pytest.mark.parametrize("space_file", D20_SPACES)
+def test_the_paper_spaces_build_nanochats_d20_with_its_tokenizer(space_file):
+    """Every stage of every trial: nanochat's tokenizer, its 65,536 tokens, 560,988,160 parameters (the count of
+    nanochat's GPT written out above, and the number the issue quotes)."""
+    _, trials = _planned(space_file)
+    expected = nanochat_param_count(**nanochat_d20_shapes())
+    assert expected == 560_988_160
+    for stages in trials:
+        assert [name for name, _ in stages] == [None, "midtrain", "sft"]
+        for _, stage in stages:
+            assert stage.dataset.tokenizer == "nanochat" and stage.hyperparameters["vocab_size"] == 2**16
+            assert _num_params(stage) == expected
+
+
+@pytest.mark.parametrize("space_file", D20_SPACES)
+def test_the_pretraining_horizon_is_base_trains_for_the_model_built(space_file):
+    """base_train.py: target_tokens = target_param_data_ratio * num_params, num_iterations = target_tokens //
+    total_batch_size, with num_params the model's own count and total_batch_size 524,288 tokens (32 x 2048 x 8)."""
+    space, trials = _planned(space_file)
+    for stages in trials:
+        _, pretraining = stages[0]
+        hp = pretraining.hyperparameters
+        assert hp["batch_size"] * hp["context_length"] == BASE_TRAIN["total_batch_size"]
+        assert hp["context_length"] == BASE_TRAIN["max_seq_len"]
+        num_iterations = BASE_TRAIN["target_param_data_ratio"] * _num_params(pretraining) // \
+            BASE_TRAIN["total_batch_size"]
+        assert hp["steps_per_epoch"] * pretraining.epochs == num_iterations == 21_400
+        assert hp["steps_per_epoch"] * hp["batch_size"] * hp["context_length"] * pretraining.epochs / \
+            _num_params(pretraining) == pytest.approx(20.0, abs=1e-3)
+
+
+SMALLER_VOCABULARY = {"source": "fineweb_edu", "seq_len": 2048, "tokenizer": "nanochat", "bpe": {"vocab_size": 2**15},
+                      "chat_tokens": True}
+
+
+def test_the_horizon_follows_the_model_the_space_builds():
+    """A 32,768-token BPE (nanochat's vocabulary from 2026) makes a smaller model and so fewer steps: nothing is
+    fixed."""
+    _, trials = _planned("gpt_d20_stages.yaml", dataset=SMALLER_VOCABULARY)
+    _, pretraining = trials[0][0]
+    assert _num_params(pretraining) == nanochat_param_count(**nanochat_d20_shapes(vocab_size=2**15)) == 477_102_080
+    assert pretraining.hyperparameters["steps_per_epoch"] * 20 == 20 * 477_102_080 // 524_288 == 18_200
+
+
+def test_a_horizon_the_epochs_do_not_split_or_a_contradicting_step_count_is_refused():
+    from study.errors import UserError
+
+    with pytest.raises(UserError, match=r"param_data_ratio: 20\.0 x 560,988,160 parameters // 524,288 tokens per step "
+                                        r"= 21,400 steps, which 3 epochs do not split evenly"):
+        _planned("gpt_d20_stages.yaml", epochs=3)
+    fixed = {**_planned("gpt_d20_stages.yaml")[0].fixed, "steps_per_epoch": 1000}
+    with pytest.raises(UserError, match=r"steps_per_epoch: param_data_ratio 20\.0 gives 1,070 steps per epoch "
+                                        r"\(21,400 over 20 epochs\), got 1,000"):
+        _planned("gpt_d20_stages.yaml", fixed=fixed)
+
+
+@pytest.mark.parametrize("space_file", D20_SPACES)
+def test_mid_training_and_sft_do_not_clip_as_nanochats_scripts(space_file):
+    """base_train clips the global norm at 1.0; mid_train.py and chat_sft.py never clip (grad_clip 0: off); neither
+    later stage keeps base_train's data:param horizon (their steps are their own)."""
+    _, trials = _planned(space_file)
+    for stages in trials:
+        clips = {name: stage.hyperparameters["grad_clip"] for name, stage in stages}
+        assert clips == {name: clip or 0.0 for name, clip in STAGE_GRAD_CLIP.items()}
+        assert [stage.hyperparameters["param_data_ratio"] for _, stage in stages] == [20, None, None]
+        assert [stage.hyperparameters["steps_per_epoch"] for _, stage in stages[1:]] == [495, 701]

@@ -236,6 +236,41 @@ def test_the_study_run_holds_the_best_trial_and_links_its_run(vit_study):
     assert not [key for key in run.data.params if key.startswith("dataset.")], run.data.params
 
 
+def test_export_registers_the_best_trials_model_which_loads_back_from_the_registry(vit_study, tmp_path):
+    """`export --register`: the best trial's model in MLflow's registry under the study's name, logged to that trial's
+    run with a signature; loaded back by a fresh process through `models:/e2e/1`, it computes what the trial's last
+    checkpoint computes, at any batch size."""
+    done = lapstudy("export", "studies/e2e", "--register", "--json", "--out", tmp_path, timeout=300,
+                    cwd=vit_study["root"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    best = document["exported"][0]["trial_id"]
+    assert document["registered"] == {"name": "e2e", "version": 1, "run_id": _run_of(vit_study, best).info.run_id,
+                                      "uri": "models:/e2e/1"}
+    probe = f"""
+import sys, mlflow, mlflow.pytorch, torch
+from pathlib import Path
+from study.evals.load import resolve_run, trained_model
+from study.runspec import load_run_spec
+mlflow.set_tracking_uri({vit_study["uri"]!r}); mlflow.set_registry_uri({vit_study["uri"]!r})
+registered = mlflow.pytorch.load_model("models:/e2e/1")
+config, state = resolve_run(Path({str(vit_study["dir"] / "train" / f"trial_{best}")!r}))
+checkpoint = trained_model(load_run_spec(config), config, state)
+images = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+print(float((registered(images) - checkpoint(images)).abs().max()))
+print(mlflow.models.get_model_info("models:/e2e/1").signature.inputs.to_dict())
+"""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                            cwd=vit_study["root"])
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    difference, inputs = loaded.stdout.strip().splitlines()[-2:]
+    assert float(difference) == 0.0
+    assert "(-1, 1, 8, 8)" in inputs and "float32" in inputs
+
+
 def test_sync_finds_mlflow_in_order(vit_study):
     done = lapstudy("sync", "./studies/e2e", timeout=120, cwd=vit_study["root"])
     assert done.returncode == 0 and "match Ray's records" in done.stdout, done.stdout + done.stderr

@@ -85,3 +85,19 @@ def test_a_configuration_with_a_stopped_replicate_is_pruned_and_no_mean_mixes_ru
         assert trial.user_attrs == {"tune_trial_ids": [f"{config}_0", f"{config}_1"],
                                     "mlflow_run_ids": [f"run-{config}_0", f"run-{config}_1"],
                                     "seeds": space.replicate_seeds(0)}
+
+
+def test_the_grid_sampler_finishing_its_grid_does_not_end_the_study(tmp_path):
+    """Optuna's GridSampler calls study.stop() when its last point is told, which Optuna refuses outside
+    study.optimize; every configuration is still told, as COMPLETE."""
+    space = parse_space(tiny_space(sampler={"kind": "grid"}, points_to_evaluate=[],
+                                   parameters={"k": {"type": "categorical", "choices": [0, 2]}}, fixed={
+                                       **tiny_space()["fixed"], "lr": 1.0e-3}))
+    searcher = make_searcher(space, seed=0, folder=tmp_path)
+    searcher.set_search_properties(None, None, {})
+    for trial_id in ("first", "second"):
+        config = searcher.suggest(trial_id)
+        searcher.on_trial_complete(trial_id, {"val_acc": 0.25 * (1 + config["k"]), "epoch": space.total_epochs})
+    trials = _journal_trials(tmp_path, space)
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert sorted((t.params["k"], t.value) for t in trials) == [(0, 0.25), (2, 0.75)]

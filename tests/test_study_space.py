@@ -177,7 +177,7 @@ def test_define_by_run_samples_conditional_parameters_only_when_their_condition_
         resolved = space.resolve(params)
         if params["schedule"] == "ramp":
             assert resolved["increment"] == 1  # the group's fixed value comes with it
-        hyperparameters = complete_hyperparameters(resolved, DIGITS, space.task)
+        hyperparameters = complete_hyperparameters(resolved, DIGITS, space.task, epochs=space.epochs)
         assert hyperparameters["lr"] == params["lr"] and hyperparameters["num_classes"] == 10
         study.tell(trial, 0.5)
     assert seen == {"uniform", "ramp"}

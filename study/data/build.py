@@ -154,7 +154,8 @@ def text_task(
         num_val=num_val,
         batch_steps=TokenTargets(tokenizer.token_bytes()),
         params={**(params or {}), "tokenizer": tokenizer.name, "chat_tokens": tokenizer.chat, "num_train": num_train,
-                "num_val": num_val,
+                "num_val": num_val, **({"tokenizer_file": tokenizer.file} if tokenizer.file else {}),
                 **{f"eval_stride_ctx{length}": cfg.context_stride(length) for length in cfg.eval_contexts}},
         shuffle_buffer=cfg.shuffle_buffer,
+        tokenizer=tokenizer,
     )

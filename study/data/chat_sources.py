@@ -15,7 +15,7 @@ from study.data.config import ChatConfig, ChatPart
 from study.data.fetch import check_fetchable
 from study.data.hub import MIRROR_ENV, hub_reachable, local_copy, resolve_parquet_files
 from study.data.task_data import TaskData
-from study.data.text import TokenTargets, resolve_tokenizer
+from study.data.text import Tokenizer, TokenTargets, resolve_tokenizer
 from study.errors import UserError
 
 
@@ -63,11 +63,19 @@ def _mixture(parts: list[ChatPart], side: str):
                                                  batch_format="numpy")
 
 
-def load_chat(cfg: ChatConfig, seed: int) -> TaskData:
+def load_chat(cfg: ChatConfig, seed: int, previous: Tokenizer | None = None) -> TaskData:
     """The training mixture in one fixed shuffle (split_seed; nanochat's TaskMixture shuffles once with seed 42),
-    the validation mixture in order; both rendered to windows with a loss mask."""
+    the validation mixture in order; both rendered to windows with a loss mask. tokenizer: nanochat reads with
+    the BPE of tokenizer_file, else with `previous`, the tokenizer of the stage before (the one its pre-training
+    trained, as nanochat's mid_train and chat_sft read with tok_train's)."""
     check_chat(cfg)
-    tokenizer = dataclasses.replace(resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file), chat=True)
+    if cfg.tokenizer != "nanochat" or cfg.tokenizer_file:
+        tokenizer = dataclasses.replace(resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file), chat=True)
+    elif previous is not None and previous.kind == "nanochat":
+        tokenizer = previous
+    else:
+        raise UserError("dataset.tokenizer: a chat source's nanochat BPE is the one the stage before it trained (a "
+                        "later stage after a pre-training with tokenizer: nanochat), or set dataset.tokenizer_file")
     train = _mixture(cfg.train, "train").random_shuffle(seed=cfg.split_seed)
     val = _mixture(cfg.val, "val")
     kwargs = {"tokenizer": tokenizer, "seq_len": cfg.seq_len, "loss_on": cfg.loss_on}
@@ -79,6 +87,8 @@ def load_chat(cfg: ChatConfig, seed: int) -> TaskData:
         num_train=None, num_val=None,
         batch_steps=TokenTargets(tokenizer.token_bytes()),
         params={"source": "chat", "tokenizer": tokenizer.name, "chat_tokens": True, "loss_on": cfg.loss_on,
+                **({"tokenizer_file": tokenizer.file} if tokenizer.file else {}),
                 "train_parts": ",".join(p.name for p in cfg.train), "val_parts": ",".join(p.name for p in cfg.val)},
         shuffle_buffer=cfg.shuffle_buffer,
+        tokenizer=tokenizer,
     )

@@ -17,12 +17,13 @@ from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from study.data.nanochat_bpe import NANOCHAT_DOC_CAP, NANOCHAT_MAX_CHARS, NANOCHAT_VOCAB_SIZE
 from study.data.spelling import WORD_LIST_PATH, WORD_LIST_URL
 
 AugmentLevel = Literal["none", "basic", "three_augment", "dino_multicrop"]
 # The fields that name files or folders: relative ones are read from the folder of the space or config that says so.
 PATH_FIELDS = ("path", "val_path", "local_dir", "tokenizer_file")
-TokenizerName = Literal["gpt2", "byte", "auto"]
+TokenizerName = Literal["gpt2", "nanochat", "byte", "auto"]
 
 # What a source gives; a task names the kind it reads (`Task.data_kind`).
 IMAGES, TEXT = "images", "text"
@@ -105,15 +106,30 @@ def _check_crop_and_normalisation(cfg):
     return cfg
 
 
+class BPETraining(BaseModel):
+    """How `tokenizer: nanochat` trains its BPE (scripts/tok_train.py's arguments, speedrun.sh's max_chars)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vocab_size: int = Field(NANOCHAT_VOCAB_SIZE, ge=256 + 9,  # the 256 bytes and the 9 special tokens at least
+                            description="tokens, nanochat's 9 special tokens included (nanochat: 2**16 = 65536)")
+    max_chars: int = Field(NANOCHAT_MAX_CHARS, ge=1, description="training characters read, at most (speedrun.sh: 2B)")
+    doc_cap: int = Field(NANOCHAT_DOC_CAP, ge=1, description="characters of each document read, at most (10,000)")
+
+
 class _TextSource(_Source):
     kind: ClassVar[str] = TEXT
     seq_len: int = Field(1024, ge=2, description="tokens per training sequence (the model's context_length)")
     tokenizer: TokenizerName = Field(
-        "auto", description="gpt2: GPT-2 BPE via tiktoken (cache or tokenizer_file); byte: UTF-8 bytes; auto: gpt2 else byte"
+        "auto", description="gpt2: GPT-2 BPE via tiktoken (cache or tokenizer_file); nanochat: nanochat's BPE, "
+        "trained on the training documents (`bpe`) and cached, or read from tokenizer_file; byte: UTF-8 bytes; "
+        "auto: gpt2 else byte"
     )
     tokenizer_file: str | None = Field(
-        None, description="GPT-2 BPE file: a .tiktoken ranks file, or a folder with vocab.bpe and encoder.json"
+        None, description="gpt2: a .tiktoken ranks file, or a folder with vocab.bpe and encoder.json; nanochat: a "
+        ".tiktoken ranks file of the merges (a trained BPE, as cached)"
     )
+    bpe: BPETraining = Field(BPETraining(), description="tokenizer: nanochat: how its BPE is trained")
     shuffle_buffer: int = Field(1024, ge=1, description="sequences in each worker's seeded local shuffle buffer")
     chat_tokens: bool = Field(False, description="the vocabulary also holds nanochat's chat special tokens (ids after "
                                                  "end-of-text): pre-training for later chat stages")
@@ -126,6 +142,27 @@ class _TextSource(_Source):
                                 "targets, so every target sees its whole document before it or at least "
                                 "length - eval_stride + 1 tokens; at most the shortest context (None: half of "
                                 "each length)")
+
+    def model_keys(self) -> dict:
+        """The model keys this source fixes that are known before its data is read (a trained nanochat BPE has
+        bpe.vocab_size tokens; GPT-2's and bytes' counts are fixed; a GPT-2 file's is only known once read)."""
+        from study.data.text import BYTE_VOCAB, CHAT_SPECIAL_TOKENS, GPT2_MERGES
+
+        known = {"context_length": self.seq_len}
+        extra = len(CHAT_SPECIAL_TOKENS) if self.chat_tokens else 1
+        if self.tokenizer == "nanochat":
+            known["vocab_size"] = self.bpe.vocab_size
+        elif self.tokenizer == "byte":
+            known["vocab_size"] = BYTE_VOCAB - 1 + extra
+        elif self.tokenizer == "gpt2" and not self.tokenizer_file:
+            known["vocab_size"] = GPT2_MERGES + extra
+        return known
+
+    @model_validator(mode="after")
+    def _bpe_settings_train_nanochat(self):
+        if self.tokenizer != "nanochat" and self.bpe != BPETraining():  # (a dumped config holds the defaults)
+            raise ValueError(f"bpe: trains tokenizer: nanochat's BPE; this source has tokenizer: {self.tokenizer}")
+        return self
 
     @field_validator("eval_contexts")
     @classmethod
@@ -512,6 +549,20 @@ class ChatConfig(_TextSource):
         True, description="always true: the vocabulary holds nanochat's chat special tokens"
     )
 
+    def model_keys(self) -> dict:
+        """With nanochat's tokenizer and no file, the BPE (so the vocabulary) is the stage before's."""
+        known = super().model_keys()
+        if self.tokenizer == "nanochat" and not self.tokenizer_file:
+            known.pop("vocab_size")
+        return known
+
+    @model_validator(mode="after")
+    def _trains_no_bpe(self):
+        if self.bpe != BPETraining():
+            raise ValueError("bpe: a chat source trains no BPE; with tokenizer: nanochat it reads the one the "
+                             "pre-training trained (or tokenizer_file)")
+        return self
+
     def relative_to(self, base: Path):
         def part(p: ChatPart) -> ChatPart:
             return p.model_copy(update={name: os.path.join(base, os.path.expanduser(value))
@@ -523,5 +574,3 @@ SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageCon
                   FineWebEduConfig, WikiText103Config, PG19Config, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig, ToyTranslationConfig,
                   WMT14Config, ChatConfig)
 DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]
-OFFLINE_SOURCES = ("parquet (local shards), image_folder, text_files, digits, pydoc_text, shapes_segmentation, "
-                   "toy_translation")

@@ -16,11 +16,13 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from study.data.config import OFFLINE_SOURCES
 from study.errors import UserError
 
 PROBE_TIMEOUT_S = 3.0
 MIRROR_ENV = "LAPSTUDY_DATA_DIR"
+# What to use instead when the hub cannot be reached.
+OFFLINE_SOURCES = ("parquet (local shards), image_folder, text_files, digits, pydoc_text, shapes_segmentation, "
+                   "toy_translation")
 
 
 def hub_endpoint() -> str:

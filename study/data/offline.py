@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import ray
 
 from study.data.build import image_task, text_task
 from study.data.config import DigitsConfig, PydocTextConfig
 from study.data.task_data import TaskData
-from study.data.text import resolve_tokenizer
+from study.data.text import source_tokenizer
 
 
 def load_digits_task(cfg: DigitsConfig, seed: int) -> TaskData:
@@ -62,7 +64,9 @@ def load_pydoc_text_task(cfg: PydocTextConfig, seed: int) -> TaskData:
     order = np.random.default_rng(cfg.split_seed).permutation(len(docs))
     num_val = max(1, int(round(cfg.val_fraction * len(docs))))
     val_ids, train_ids = sorted(order[:num_val]), sorted(order[num_val:])
-    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
+    texts = [docs[i][1] for i in train_ids]
+    identity = {"source": "pydoc_text", "text": hashlib.sha256("\0".join(texts).encode()).hexdigest()}
+    tokenizer = source_tokenizer(cfg, lambda: texts, identity)
     rows = lambda ids: ray.data.from_items([{"text": docs[i][1]} for i in ids], override_num_blocks=1)  # noqa: E731
     return text_task(
         cfg,

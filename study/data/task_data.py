@@ -51,6 +51,9 @@ class TaskData:
     num_val: int | None
     batch_steps: BatchSteps
     params: dict = field(default_factory=dict)  # resolved data settings worth logging (tokenizer, split, sizes)
+    # text: the Tokenizer it was made with, which a later chat stage with tokenizer: nanochat and the stage's
+    # benchmarks (on rank 0) read with too
+    tokenizer: Any = field(default=None, repr=False)
     shuffle_buffer: int = 1024
     epoch_clock: Any = field(default=None, repr=False)  # study.data.epoch.EpochSource for random augmentation
     splits: tuple[str, ...] = ()  # the datasets' names (what the workers find as shards)

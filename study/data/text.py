@@ -1,8 +1,10 @@
 """Tokenisers and document packing for the language-modelling sources (pure numpy + tiktoken, no Ray).
 
-Two tokenisers: GPT-2 BPE through `tiktoken` (vocab 50257, <|endoftext|> = 50256) and UTF-8 bytes (vocab 257,
-end-of-text = 256). The GPT-2 merge table is read on the driver (tiktoken's cache, or `tokenizer_file`) and travels to
-the Ray Data workers inside the `Tokenizer` object, so cluster nodes need neither the cache nor the internet.
+Three tokenisers: GPT-2 BPE through `tiktoken` (vocab 50257, <|endoftext|> = 50256), nanochat's BPE (trained on the
+pre-training text by study/data/nanochat_bpe.py, encoded by tiktoken with nanochat's split pattern; its nine special
+tokens after the merges, vocab 65,536 for nanochat's) and UTF-8 bytes (vocab 257, end-of-text = 256). A merge table is
+read on the driver (tiktoken's cache, `tokenizer_file`, or the trained BPE) and travels to the Ray Data workers inside
+the `Tokenizer` object, so cluster nodes need neither the cache nor the internet.
 
 Packing: documents are concatenated with an end-of-text token after each one and cut into windows of seq_len + 1
 tokens with stride seq_len (inputs = window[:-1], targets = window[1:]), so every token of the stream except the first
@@ -20,19 +22,17 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import numpy as np
 
 from study.data.hub import offline_flag, probe
+from study.data.nanochat_bpe import CHAT_SPECIAL_TOKENS, NANOCHAT_SPLIT_PATTERN
 from study.errors import UserError
 
 BYTE_VOCAB = 257
 BYTE_EOT = 256
-# nanochat's special tokens (nanochat/tokenizer.py SPECIAL_TOKENS). <|bos|> is the tokenizer's end-of-text token, as
-# nanochat does with tiktoken's GPT-2 (from_pretrained: "<|endoftext|>" is its bos); a tokenizer with `chat` gives
-# the others the ids after it, in this order (study/data/chat.py renders conversations with them).
-CHAT_SPECIAL_TOKENS = ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
-                       "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
+GPT2_MERGES = 50256  # GPT-2's merge table; <|endoftext|> is the id after it
 IGNORE_INDEX = -1  # a target that is not trained on (nanochat's -1: chat_sft masks all but the assistant's tokens)
 GPT2_EOT_TEXT = "<|endoftext|>"
 GPT2_VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
@@ -44,21 +44,34 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|
 _ENCODINGS: dict[str, object] = {}
 
 
-def gpt2_tokenizer(mergeable_ranks: dict[bytes, int]) -> "Tokenizer":
-    digest = hashlib.sha1()
+def bpe_tokenizer(kind: str, mergeable_ranks: dict[bytes, int], chat: bool = False, file: str | None = None,
+                  ) -> "Tokenizer":
+    """A BPE tokenizer ("gpt2" or "nanochat") over these merges."""
+    digest = hashlib.sha1(kind.encode())
     for token, rank in sorted(mergeable_ranks.items(), key=lambda item: item[1]):
         digest.update(token + rank.to_bytes(4, "little"))
-    return Tokenizer("gpt2", mergeable_ranks, digest.hexdigest())
+    return Tokenizer(kind, mergeable_ranks, digest.hexdigest(), chat=chat, file=file)
+
+
+def gpt2_tokenizer(mergeable_ranks: dict[bytes, int]) -> "Tokenizer":
+    return bpe_tokenizer("gpt2", mergeable_ranks)
+
+
+def nanochat_tokenizer(mergeable_ranks: dict[bytes, int], file: str | None = None) -> "Tokenizer":
+    """nanochat's tokenizer: its special tokens are always in its vocabulary, after the merges (<|bos|> first);
+    `file`: the ranks file the merges are kept in."""
+    return bpe_tokenizer("nanochat", mergeable_ranks, chat=True, file=file)
 
 
 @dataclass(frozen=True)
 class Tokenizer:
-    """A picklable tokenizer: `kind` is "byte" or "gpt2"; a gpt2 tokenizer carries its merge ranks."""
+    """A picklable tokenizer: `kind` is "byte", "gpt2" or "nanochat"; a BPE tokenizer carries its merge ranks."""
 
     kind: str
     mergeable_ranks: dict[bytes, int] | None = field(default=None, repr=False, compare=False)
     fingerprint: str = ""  # identifies the merge table (the per-process encoder cache key)
     chat: bool = False  # reserve ids for nanochat's chat special tokens after end-of-text (`special_id`)
+    file: str | None = field(default=None, compare=False)  # nanochat's: the trained BPE's ranks file (a run names it)
 
     @property
     def name(self) -> str:
@@ -87,11 +100,13 @@ class Tokenizer:
         if encoding is None:
             import tiktoken
 
+            nanochat = self.kind == "nanochat"  # RustBPETokenizer.train_from_iterator's Encoding
             encoding = tiktoken.Encoding(
-                name="gpt2",
-                pat_str=GPT2_PATTERN,
+                name=self.kind,
+                pat_str=NANOCHAT_SPLIT_PATTERN if nanochat else GPT2_PATTERN,
                 mergeable_ranks=self.mergeable_ranks,
-                special_tokens={GPT2_EOT_TEXT: self.eot},
+                special_tokens={name: self.eot + i for i, name in enumerate(CHAT_SPECIAL_TOKENS)} if nanochat
+                else {GPT2_EOT_TEXT: self.eot},
             )
             _ENCODINGS[self.fingerprint] = encoding
         return encoding
@@ -212,9 +227,16 @@ def gpt2_available(raise_if_not: bool = False) -> bool:
 
 def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
     """The tokenizer a config asks for. gpt2 comes from tokenizer_file, else tiktoken's cache, else a download when
-    the BPE host answers within seconds; otherwise gpt2 is a UserError and auto falls back to bytes."""
+    the BPE host answers within seconds; otherwise gpt2 is a UserError and auto falls back to bytes. nanochat's BPE
+    comes from tokenizer_file here (`source_tokenizer` trains it)."""
     if kind == "byte":
         return Tokenizer("byte")
+    if kind == "nanochat":
+        if not tokenizer_file:
+            raise UserError("dataset.tokenizer: nanochat is trained on a pre-training source's documents (fineweb_edu, "
+                            "wikitext103, pg19, text_files, pydoc_text), or read from dataset.tokenizer_file")
+        path = os.path.expanduser(tokenizer_file)
+        return nanochat_tokenizer(_ranks_from_file(path), path)
     if tokenizer_file:
         return gpt2_tokenizer(_ranks_from_file(os.path.expanduser(tokenizer_file)))
     if gpt2_available():
@@ -229,6 +251,20 @@ def resolve_tokenizer(kind: str, tokenizer_file: str | None) -> Tokenizer:
     if kind == "gpt2":
         gpt2_available(raise_if_not=True)
     return Tokenizer("byte")
+
+
+def source_tokenizer(cfg, training_texts: Callable[[], Iterable[str]], text_identity: dict) -> Tokenizer:
+    """The tokenizer of a text source's config. tokenizer: nanochat is nanochat's BPE: from tokenizer_file, else
+    the cached one trained on the same text with the same `bpe` settings, else trained on `training_texts()` (the
+    training documents in an order that does not depend on the trial's seed; `text_identity` names them)."""
+    if cfg.tokenizer != "nanochat":
+        return resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
+    from study.data.nanochat_bpe import nanochat_merges
+
+    merges, path = nanochat_merges(training_texts, text_identity, vocab_size=cfg.bpe.vocab_size,
+                                   max_chars=cfg.bpe.max_chars, doc_cap=cfg.bpe.doc_cap,
+                                   tokenizer_file=cfg.tokenizer_file)
+    return nanochat_tokenizer(merges, path)
 
 
 class TokenTargets:

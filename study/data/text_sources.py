@@ -14,11 +14,11 @@ import re
 import numpy as np
 import ray
 
-from study.data.build import text_task
+from study.data.build import TEXT_MAP_BATCH, text_task
 from study.data.config import FineWebEduConfig, PG19Config, TextFilesConfig, WikiText103Config
 from study.data.hub import resolve_parquet_files
 from study.data.task_data import TaskData
-from study.data.text import doc_hash_fraction, resolve_tokenizer
+from study.data.text import doc_hash_fraction, resolve_tokenizer, source_tokenizer
 from study.errors import UserError
 
 TEXT_EXTENSIONS = (".txt", ".jsonl", ".parquet")
@@ -49,10 +49,24 @@ def _first_ids(path: str, filesystem, column: str, count: int) -> list[str]:
     return ids[:count]
 
 
+def document_texts(docs: "ray.data.Dataset", column: str):
+    """The documents' texts, in the dataset's order (what nanochat's BPE is trained on)."""
+    for batch in docs.iter_batches(batch_size=TEXT_MAP_BATCH, batch_format="numpy"):
+        for text in batch[column]:
+            yield text if isinstance(text, str) else bytes(text).decode("utf-8", errors="replace")
+
+
+def _early_tokenizer(cfg):
+    """GPT-2 or bytes, resolved before the network so that a missing tokenizer fails first; None for nanochat's,
+    which is trained on (or cached for) the training documents once they can be read."""
+    return None if cfg.tokenizer == "nanochat" else resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
+
+
 def load_fineweb_edu(cfg: FineWebEduConfig, seed: int) -> TaskData:
     """Validation: the first val_documents documents of the sample's last parquet file; training: every other
-    document of the sample (the validation ids are filtered out), its files in a seeded order."""
-    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)  # fail on the tokenizer before the network
+    document of the sample (the validation ids are filtered out), its files in a seeded order. nanochat's BPE is
+    trained on the training documents with the files in their own order (tok_train.py reads the shards in order)."""
+    tokenizer = _early_tokenizer(cfg)
     hub = resolve_parquet_files(cfg.hub_id, config_name=cfg.sample, revision=cfg.revision, local_dir=cfg.local_dir,
                                 source="fineweb_edu", what=f"{cfg.hub_id} ({cfg.sample})")
     files = hub.files("train", "sample")
@@ -66,6 +80,12 @@ def load_fineweb_edu(cfg: FineWebEduConfig, seed: int) -> TaskData:
     )
     if cfg.max_train_documents:
         train_docs = train_docs.limit(cfg.max_train_documents)
+    if tokenizer is None:
+        in_order = read(files).map_batches(_drop_ids, fn_kwargs={"ids": val_ids, "id_column": id_column},
+                                           batch_format="numpy")
+        identity = {"source": "fineweb_edu", "hub_id": cfg.hub_id, "sample": cfg.sample, "revision": cfg.revision,
+                    "val_documents": cfg.val_documents, "files": [os.path.basename(f) for f in files]}
+        tokenizer = source_tokenizer(cfg, lambda: document_texts(in_order, cfg.text_column), identity)
     return text_task(
         cfg, train_docs, val_docs, tokenizer=tokenizer, text_column=cfg.text_column,
         params={"source": "fineweb_edu", "hub_id": cfg.hub_id, "sample": cfg.sample,
@@ -94,7 +114,7 @@ def wikitext_articles(batch: dict, column: str) -> dict:
 
 
 def load_wikitext103(cfg: WikiText103Config, seed: int) -> TaskData:
-    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)  # fail on the tokenizer before the network
+    tokenizer = _early_tokenizer(cfg)
     hub = resolve_parquet_files(cfg.hub_id, config_name=cfg.config_name, revision=cfg.revision,
                                 local_dir=cfg.local_dir, source="wikitext103", what=f"{cfg.hub_id} ({cfg.config_name})")
 
@@ -104,17 +124,26 @@ def load_wikitext103(cfg: WikiText103Config, seed: int) -> TaskData:
         return lines.map_batches(wikitext_articles, fn_kwargs={"column": cfg.text_column},
                                  batch_size=WIKITEXT_LINES_PER_TASK, batch_format="numpy")
 
-    return text_task(cfg, articles("train", "source"), articles(cfg.val_split, "val_split"), tokenizer=tokenizer,
+    train = articles("train", "source")
+    if tokenizer is None:
+        identity = {"source": "wikitext103", "hub_id": cfg.hub_id, "config": cfg.config_name,
+                    "revision": cfg.revision}
+        tokenizer = source_tokenizer(cfg, lambda: document_texts(train, cfg.text_column), identity)
+    return text_task(cfg, train, articles(cfg.val_split, "val_split"), tokenizer=tokenizer,
                      text_column=cfg.text_column,
                      params={"source": "wikitext103", "hub_id": cfg.hub_id, "config": cfg.config_name,
                              "val_split": cfg.val_split, "read_from": "local copy" if hub.local else "hub"})
 
 
 def load_pg19(cfg: PG19Config, seed: int) -> TaskData:
-    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
+    tokenizer = _early_tokenizer(cfg)
     hub = resolve_parquet_files(cfg.hub_id, config_name=None, revision=cfg.revision, local_dir=cfg.local_dir,
                                 source="pg19", what=cfg.hub_id)
     read = lambda files: ray.data.read_parquet(files, filesystem=hub.filesystem, columns=[cfg.text_column])  # noqa: E731
+    if tokenizer is None:
+        identity = {"source": "pg19", "hub_id": cfg.hub_id, "revision": cfg.revision}
+        tokenizer = source_tokenizer(cfg, lambda: document_texts(read(hub.files("train", "source")), cfg.text_column),
+                                     identity)
     train = read(_seeded_order(hub.files("train", "source"), seed))
     if cfg.max_train_documents:
         train = train.limit(cfg.max_train_documents)
@@ -166,12 +195,13 @@ def _read_docs(files: list[str], kind: str, column: str):
 def load_text_files(cfg: TextFilesConfig, seed: int) -> TaskData:
     """.txt: one document per file, split by a seeded permutation of the files; .jsonl/.parquet: one document per
     row, split by a seeded hash of the text (so the split streams); or the documents of val_path."""
-    tokenizer = resolve_tokenizer(cfg.tokenizer, cfg.tokenizer_file)
+    tokenizer = _early_tokenizer(cfg)
     files, kind = _text_paths(cfg.path, "path")
     if cfg.val_path:
         val_files, val_kind = _text_paths(cfg.val_path, "val_path")
         train_docs, column = _read_docs(_seeded_order(files, seed), kind, cfg.text_column)
         val_docs, _ = _read_docs(val_files, val_kind, cfg.text_column)
+        in_order, _ = _read_docs(files, kind, cfg.text_column)
         split = "val_path"
     elif kind == ".txt":
         if len(files) < 2:
@@ -183,6 +213,7 @@ def load_text_files(cfg: TextFilesConfig, seed: int) -> TaskData:
         val_files = [f for i, f in enumerate(files) if i in val_ids]
         train_docs, column = _read_docs(_seeded_order(train_files, seed), kind, cfg.text_column)
         val_docs, _ = _read_docs(val_files, kind, cfg.text_column)
+        in_order, _ = _read_docs(train_files, kind, cfg.text_column)
         split = f"hold-out {num_val} of {len(files)} files"
     else:
         shuffled, column = _read_docs(_seeded_order(files, seed), kind, cfg.text_column)
@@ -190,7 +221,12 @@ def load_text_files(cfg: TextFilesConfig, seed: int) -> TaskData:
         side = {"column": column, "seed": cfg.split_seed, "fraction": cfg.val_fraction}
         train_docs = shuffled.map_batches(_hash_side, fn_kwargs={**side, "keep_val": False}, batch_format="numpy")
         val_docs = ordered.map_batches(_hash_side, fn_kwargs={**side, "keep_val": True}, batch_format="numpy")
+        in_order = ordered.map_batches(_hash_side, fn_kwargs={**side, "keep_val": False}, batch_format="numpy")
         split = f"hold-out {cfg.val_fraction} by document hash"
+    if tokenizer is None:
+        identity = {"source": "text_files", "files": [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files],
+                    "val_path": cfg.val_path, "split": split, "split_seed": cfg.split_seed}
+        tokenizer = source_tokenizer(cfg, lambda: document_texts(in_order, column), identity)
     return text_task(
         cfg, train_docs, val_docs, tokenizer=tokenizer, text_column=column,
         params={"source": "text_files", "val_split": split},

@@ -156,10 +156,12 @@ def check_evaluations(run) -> None:
 
 
 def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int, allow_code_execution: bool,
-                   log: Callable[[str], None] = print) -> dict[str, float]:
-    """A stage's benchmarks (its `evaluate:`) on the model it trained, read with its data's tokenizer;
-    `allow_code_execution`: what the command line that started the run allowed."""
-    tokenizer = tokenizer_for(dataset, model.config.vocab_size, "evaluate")
+                   tokenizer=None, log: Callable[[str], None] = print) -> dict[str, float]:
+    """A stage's benchmarks (its `evaluate:`) on the model it trained, read with its data's tokenizer (`tokenizer`,
+    the one the stage's data was made with, else the one its dataset config names); `allow_code_execution`: what
+    the command line that started the run allowed."""
+    if tokenizer is None:
+        tokenizer = tokenizer_for(dataset, model.config.vocab_size, "evaluate")
     return evaluate_model(model, tokenizer, evaluation.tasks, include_path=evaluation.include_path,
                           limit=evaluation.limit, allow_code_execution=allow_code_execution,
                           num_samples=evaluation.num_samples, temperature=evaluation.temperature,

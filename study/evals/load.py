@@ -50,19 +50,25 @@ def load_model(config: str | Path, checkpoint: str | Path | None = None, device:
     if spec.task != "language_modeling":
         raise UserError(f"run config {config_path}: task: lapstudy eval evaluates language models "
                         f"(task language_modeling), got {spec.task!r}")
+    model = trained_model(spec, config_path, state_path, device)
+    tokenizer = tokenizer_for(spec.dataset, model.config.vocab_size, f"run config {config_path}")
+    return model, tokenizer, spec
+
+
+def trained_model(spec, config_path: Path, state_path: Path, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The run's model (its first stage's) in eval mode with the checkpoint's weights."""
     saved = torch.load(state_path, map_location=device, weights_only=False)
     state = saved.get("model", saved) if isinstance(saved, dict) else saved
     flat = dict(spec.model_config_flat)
-    if "wte.weight" in state:  # the data fixes these; a config written before the data was opened may lack them
+    if "wte.weight" in state:  # a GPT: the data fixes these; a config written before the data was opened may lack them
         flat.setdefault("vocab_size", state["wte.weight"].shape[0])
-    flat.setdefault("context_length", getattr(spec.dataset, "seq_len", None) or 256)
+        flat.setdefault("context_length", getattr(spec.dataset, "seq_len", None) or 256)
     model = models.build_model(flat)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise UserError(f"--checkpoint: {state_path} does not fit the model of {config_path} (missing "
                         f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
-    tokenizer = tokenizer_for(spec.dataset, model.config.vocab_size, f"run config {config_path}")
-    return model.to(device).eval(), tokenizer, spec
+    return model.to(device).eval()
 
 
 def tokenizer_for(dataset, vocab: int, where: str) -> Tokenizer:
@@ -72,8 +78,8 @@ def tokenizer_for(dataset, vocab: int, where: str) -> Tokenizer:
     if vocab == byte.vocab_size:
         return byte
     kind = getattr(dataset, "tokenizer", "byte")
-    tokenizer = dataclasses.replace(resolve_tokenizer("gpt2" if kind == "auto" else kind,
-                                                      getattr(dataset, "tokenizer_file", None)), chat=chat)
+    tokenizer = resolve_tokenizer("gpt2" if kind == "auto" else kind, getattr(dataset, "tokenizer_file", None))
+    tokenizer = dataclasses.replace(tokenizer, chat=chat or tokenizer.chat)  # nanochat's always holds them
     if tokenizer.vocab_size > vocab:
         raise UserError(f"{where}: dataset.tokenizer {tokenizer.name} has {tokenizer.vocab_size} tokens but the model "
                         f"has vocab_size {vocab}")
