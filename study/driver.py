@@ -17,19 +17,19 @@ from study.data import TaskData, check_dataset
 from study.errors import UserError
 from study.evals.evaluate import check_evaluations
 from study.folder import SPACE_FILE, StudyFolder, StudyRecord
+from study.precheck import RunOptions
 from study.preflight import Request, preflight
+from study.provenance import provenance
+from study.report import REPORT_DIR, write_report
 from study.resources import trains_in_trial, trial_driver_resources
 from study.results import format_params, load_records, study_best, summary
 from study.runspec import Resources, complete_hyperparameters
 from study.search import JOURNAL_FILE, make_scheduler, make_searcher
 from study.session import DRIVER_FILE, previous_driver, record_driver
-from study.precheck import RunOptions
 from study.space import SearchSpace
-from study.sync import sync_runs
-from study.provenance import provenance
-from study.report import REPORT_DIR, write_report
 from study.status import TrialStatus
 from study.storage import join
+from study.sync import sync_runs
 from study.tracking import (
     close_run,
     local_store,

@@ -23,18 +23,17 @@ import torch
 
 import models
 from study.bookkeeping import BOOKKEEPING
-from study.optim import build_optimizer, build_schedule, peak_lr
-from study.plots import draw_geometry, draw_layer_history
 from study.data.task_data import TRAIN
 from study.evals.evaluate import evaluate_stage
 from study.host import InProcessHost, TrainWorkerHost
+from study.optim import build_optimizer, build_schedule, peak_lr
+from study.plots import draw_geometry, draw_layer_history
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import CHECKPOINT_FILE, TrainState
 from study.tasks import StepSettings, Task, task_class
 from study.tracking import RunLogger, TrackingTarget, dataset_input, run_params
 from study.worker import seed_everything
 from study.yamlio import dump_yaml
-
 
 
 @dataclass(frozen=True)

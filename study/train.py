@@ -14,10 +14,10 @@ from study.evals.evaluate import check_evaluations
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial
 from study.runspec import RunSpec, complete_hyperparameters
-from study.status import TrialStatus, trial_status
-from study.tasks import task_class
 from study.stages import run_stages
+from study.status import TrialStatus, trial_status
 from study.storage import is_remote, join, write_text
+from study.tasks import task_class
 from study.tracking import TrackingTarget, close_run, open_experiment, redact
 from study.trainer import RunSetup, plan_run
 from study.yamlio import dump_yaml

@@ -17,8 +17,7 @@ import pytest
 import ray
 import yaml
 
-from fault_fixtures import (LAPSTUDY, free_port, ray_without_dashboard, study_env, tiny_space, tree_digest,
-                            write_space)
+from fault_fixtures import LAPSTUDY, free_port, ray_without_dashboard, study_env, tiny_space, tree_digest, write_space
 from study import cli
 
 EXISTING = "existing"

@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from fault_fixtures import free_port
 
+from fault_fixtures import free_port
 from study.data import check_dataset
-from study.data.config import ChatPart
 from study.data.chat import PartFiles, conversation_of, read_parts, render_batch, render_conversation
+from study.data.config import ChatPart
 from study.data.spelling import read_words, simple_spelling, simple_spelling_words, spelling_bee
 from study.data.text import Tokenizer, TokenTargets
 from study.errors import UserError

@@ -108,8 +108,9 @@ def test_unlimited_node_types_accept_any_concurrency():
 def cluster(tmp_path_factory, launcher_config):
     """A head with cluster.yaml's head resources, this process connected to it as the study driver is; the launcher's
     config where `ray up` puts it on the head (in a HOME of the test's)."""
-    from fault_fixtures import free_port, private_ray_tmp
     from ray.cluster_utils import Cluster
+
+    from fault_fixtures import free_port, private_ray_tmp
 
     home = tmp_path_factory.mktemp("home")
     bootstrap = home / "ray_bootstrap_config.yaml"

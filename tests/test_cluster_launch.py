@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 import ray
 import yaml
-from import_probe import imported_with
 
+from import_probe import imported_with
 from study import cli
 from study.cluster import check_tracking_store, filesystem_type
 
@@ -121,7 +121,7 @@ def test_mount_refuses_an_unset_efs_id_and_mounts_a_set_one(config, tmp_path, va
     done = _run(snippet, tmp_path, SETTINGS)
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "log").read_text()
-    assert f"sudo mount -t nfs4 -o nfsvers=4.1" in log
+    assert "sudo mount -t nfs4 -o nfsvers=4.1" in log
     assert f"{SETTINGS[variable]}.efs.us-west-2.amazonaws.com:/ /mnt/shared" in log
 
 

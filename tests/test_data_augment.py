@@ -4,13 +4,19 @@ import io
 import math
 
 import numpy as np
-import pytest
 import scipy.stats
 import torch
 from PIL import Image, ImageFilter
 
-from study.data.images import BatchMixer, ImageSpec, center_crop_resize, gaussian_blur, random_resized_boxes, \
-    three_augment, transform_batch
+from study.data.images import (
+    BatchMixer,
+    ImageSpec,
+    center_crop_resize,
+    gaussian_blur,
+    random_resized_boxes,
+    three_augment,
+    transform_batch,
+)
 
 
 def test_random_resized_boxes_stay_inside_with_area_and_aspect_in_range():

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from data_fixtures import ray_local  # noqa: F401
 
+from data_fixtures import ray_local  # noqa: F401
 from study.data import check_dataset, load_task_data, parse_dataset_config
 from study.data.hub import MIRROR_ENV
 from study.errors import UserError

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from data_fixtures import ray_local, write_cifar100_mirror  # noqa: F401
 from PIL import Image
 
+from data_fixtures import ray_local, write_cifar100_mirror  # noqa: F401
 from study.data import load_task_data, parse_dataset_config
 from study.data.hub import MIRROR_ENV
 

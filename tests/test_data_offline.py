@@ -4,8 +4,8 @@ packing, determinism."""
 import numpy as np
 import pytest
 import torch
-from data_fixtures import ray_local  # noqa: F401
 
+from data_fixtures import ray_local  # noqa: F401
 from study.data import TaskData, load_task_data, parse_dataset_config
 from study.data.offline import pydoc_documents
 from study.errors import UserError

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from data_fixtures import ray_local  # noqa: F401
 
+from data_fixtures import ray_local  # noqa: F401
 from study.data import TaskData, check_dataset, load_task_data, parse_dataset_config
 from study.data.images import ImageSpec, transform_batch
 from study.errors import UserError

@@ -7,12 +7,11 @@ import time
 import numpy as np
 import pytest
 import torch
-from data_fixtures import ray_local  # noqa: F401
 from PIL import Image
 
+from data_fixtures import ray_local  # noqa: F401
 from study.data import check_dataset, load_task_data, parse_dataset_config
-from study.data.hub import OFFLINE_SOURCES
-from study.data.hub import MIRROR_ENV
+from study.data.hub import MIRROR_ENV, OFFLINE_SOURCES
 from study.data.segmentation_sources import render_shapes
 from study.errors import UserError
 

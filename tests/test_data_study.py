@@ -5,9 +5,9 @@ import os
 
 import numpy as np
 import torch
-from data_fixtures import ray_local, write_cifar100_mirror  # noqa: F401
 from PIL import Image
 
+from data_fixtures import ray_local, write_cifar100_mirror  # noqa: F401
 from study.data import load_task_data
 from study.data.hub import MIRROR_ENV
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from data_fixtures import ray_local  # noqa: F401
 
+from data_fixtures import ray_local  # noqa: F401
 from study.data import load_task_data, parse_dataset_config
 from study.data.hub import MIRROR_ENV
 from study.data.text import Tokenizer, gpt2_tokenizer, pack_documents

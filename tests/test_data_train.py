@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import ray.cloudpickle
+
 from data_fixtures import ray_local  # noqa: F401
 from import_probe import imported_with
-
 from study.data import load_task_data, parse_dataset_config
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Train workers cannot import test modules

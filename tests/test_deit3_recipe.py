@@ -30,7 +30,7 @@ from torch import nn
 
 import models
 from models import build_model
-from models.layers import DropPath, LayerScale
+from models.layers import LayerScale
 from reference_vits import deit3_forward, deit3_parameter_shapes, project_to_reference
 from study.data import config as data_config
 from study.data.images import ImageSpec, color_jitter, eval_images, gaussian_blur, three_augment, train_images

@@ -13,8 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from models.dino import DINOHead, DINOLoss, MultiCropForward, cancel_last_layer_gradients, cosine_schedule, \
-    ema_update_
+from models.dino import DINOHead, DINOLoss, MultiCropForward, cancel_last_layer_gradients, cosine_schedule, ema_update_
 from models.vit import ViT, ViTConfig
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,9 +3,6 @@ input refused in one line (exit 2) before any model is loaded; HumanEval's gener
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import yaml
@@ -13,7 +10,7 @@ import yaml
 from study import cli
 from study.evals.humaneval import evaluate_humaneval, load_problems
 from study.evals.sandbox import Limits, pass_at_k
-from test_harness import BYTES, FIXTURES, REPO, _mc_accuracy_by_hand, tiny_gpt
+from test_harness import FIXTURES, REPO, _mc_accuracy_by_hand, tiny_gpt
 
 
 @pytest.fixture(autouse=True)

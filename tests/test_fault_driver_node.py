@@ -23,8 +23,8 @@ from fault_fixtures import (
     lose_node,
     mlflow_runs,
     simulated_cluster,
-    tiny_space,
     study_records,
+    tiny_space,
     wait_for_epoch,
     write_space,
 )

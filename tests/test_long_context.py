@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from data_fixtures import ray_local  # noqa: F401
-from stlt_fixtures import one_thread  # noqa: F401
 
 import models
+from data_fixtures import ray_local  # noqa: F401
+from stlt_fixtures import one_thread  # noqa: F401
 from study.data import load_task_data, parse_dataset_config
 from study.data.task_data import context_split
-from study.data.text import TokenTargets, Tokenizer, document_windows, pack_documents
+from study.data.text import Tokenizer, TokenTargets, document_windows, pack_documents
 from study.data.text_sources import wikitext_articles
 from study.errors import UserError
 from study.tasks.base import GeometrySpec

@@ -5,12 +5,13 @@ Both train the way a study trial does: param_groups with the slow sigma/omega gr
 and the model's regulariser added to the loss (the defaults start it after this short run, as the write-up does:
 switched on from step 0, the usage penalty closes every gate before mixing has paid off)."""
 
+from pydoc_data.topics import topics
+
 import pytest
 import torch
 import torch.nn.functional as F
-from digits_training import train_on_digits
-from pydoc_data.topics import topics
 
+from digits_training import train_on_digits
 from models import build_model
 from tests.stlt_fixtures import one_thread  # noqa: F401
 

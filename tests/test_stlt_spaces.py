@@ -45,7 +45,8 @@ def stlt_points():
     for path in sorted([*SPACES.glob("stlt_*.yaml"), SPACES / "translation_toy.yaml"]):
         space = load_space(path)
         for index, point in enumerate(space.points_to_evaluate):
-            hyperparameters = complete_hyperparameters(space.resolve(point), data_overrides(space), space.task)
+            hyperparameters = complete_hyperparameters(space.resolve(point), data_overrides(space), space.task,
+                                                       epochs=space.epochs)
             if "stlt_nodes" in hyperparameters:
                 yield pytest.param(space, hyperparameters, id=f"{path.stem}-{index}")
 

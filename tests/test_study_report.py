@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np

@@ -12,8 +12,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, searcher_study, tune_trials  # noqa: F401
-from study_fixtures import write_yaml
+from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, searcher_study, tune_trials, write_yaml  # noqa: F401
 
 pytestmark = pytest.mark.slow
 

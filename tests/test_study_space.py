@@ -17,10 +17,10 @@ from study.errors import UserError
 from study.optim import WarmupCosine
 from study.resources import trains_in_trial, trial_concurrency, trial_driver_resources
 from study.results import TrialRecord, best_records
-from study.status import TrialStatus
 from study.runspec import Resources, check_run_config, complete_hyperparameters
 from study.search import DefineByRun, make_sampler, make_scheduler
 from study.space import load_space, parse_space
+from study.status import TrialStatus
 from study.yamlio import parse_yaml
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models.geometry import (language_collapse, neural_collapse, patch_pca_rgb, patch_spectral_decay,
-                             variance_decomposition)
+from models.geometry import (
+    language_collapse,
+    neural_collapse,
+    patch_pca_rgb,
+    patch_spectral_decay,
+    variance_decomposition,
+)
 from study.tasks import GeometrySpec, task_class
 from study.worker import Worker
 
@@ -121,9 +126,9 @@ def test_linear_probe_trains_only_its_classifier_on_the_carried_backbone():
     digits), never changes it, and its linear layer learns to read the frozen class tokens: far above the 0.1 of
     chance, where the same probe on an untrained backbone (whose class token hardly depends on the image with
     LayerScale at 1e-4) stays near it."""
-    from digits_training import train_on_digits
     from sklearn.datasets import load_digits
 
+    from digits_training import train_on_digits
     from study.optim import build_optimizer, build_schedule
     from study.runspec import TrainConfig
     from study.state import TrainState

@@ -16,15 +16,30 @@ import sacrebleu
 import torch
 import yaml
 
-from study.data.translation import (BOS, EOS, PAD, SOURCE_PLURAL, VERB_AGREEMENT, ToyLanguage, TranslationBatches,
-                                    Vocabulary, encode_pairs)
+from study.data.translation import (
+    BOS,
+    EOS,
+    PAD,
+    SOURCE_PLURAL,
+    VERB_AGREEMENT,
+    ToyLanguage,
+    TranslationBatches,
+    Vocabulary,
+    encode_pairs,
+)
 from study.errors import UserError
 from study.optim import build_schedule
 from study.runspec import Resources
 from study.space import load_space
 from study.tasks import GeometrySpec
-from study.tasks.translation import (BUCKETS, Translation, bleu_from_statistics, bleu_statistics, bucket_of,
-                                     smoothed_loss)
+from study.tasks.translation import (
+    BUCKETS,
+    Translation,
+    bleu_from_statistics,
+    bleu_statistics,
+    bucket_of,
+    smoothed_loss,
+)
 from study.worker import Worker
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 

@@ -28,7 +28,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-
 # The options Triton's own compile passes to this ptxas (triton/backends/nvidia/compiler.py, make_cubin), so that the
 # counts are those of the cubin Triton loads: without --regAllocOptLevel=2, ptxas allocates registers differently
 # (some variants then spill a few bytes that Triton's cubin does not).

@@ -6,6 +6,7 @@ import dataclasses
 
 import ray
 
+from study.data.epoch import EpochSource
 from study.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -15,7 +16,6 @@ from study.data.images import (
     multicrop_batch,
     transform_batch,
 )
-from study.data.epoch import EpochSource
 from study.data.task_data import TaskData, context_split
 from study.data.text import Tokenizer, TokenTargets, document_windows, tokenize_and_pack
 from study.errors import UserError

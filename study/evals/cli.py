@@ -9,9 +9,9 @@ import re
 import time
 
 from study.errors import UserError
+from study.evals import isolation
 from study.evals.evaluate import HUMANEVAL, OWN_TASKS, check_tasks, evaluate_model, require_harness
 from study.evals.load import load_model
-from study.evals import isolation
 from study.evals.sandbox import CodeExecutionNotAllowed
 
 EXPERIMENT = "lapstudy-eval"

@@ -17,11 +17,10 @@ from pathlib import Path
 
 from study.data.hub import hub_reachable
 from study.errors import UserError
-from study.evals import gsm8k
-from study.evals.load import tokenizer_for
+from study.evals import gsm8k, isolation
 from study.evals.humaneval import TASK as HUMANEVAL
 from study.evals.humaneval import evaluate_humaneval, evaluations, find_problem_file, load_problems
-from study.evals import isolation
+from study.evals.load import tokenizer_for
 from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
 from study.runspec import EvaluationSpec
 

@@ -17,7 +17,6 @@ the `dino_*` keys below. The crops (how many local ones, their scales and size) 
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 import torch.distributed as dist

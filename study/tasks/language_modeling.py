@@ -14,7 +14,6 @@ from models.geometry import GeometryAccumulator, most_frequent_targets
 from study.data.task_data import CONTEXT_SPLIT, context_split
 from study.tasks.base import Evaluation, GeometryPictures, Task
 
-
 IGNORE_INDEX = -1  # a target not trained on nor evaluated (chat data outside the assistant's replies, as nanochat)
 
 

@@ -8,7 +8,6 @@ patches.py): the picture in which the paper sees object boundaries come out shar
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
