@@ -26,7 +26,7 @@ endif
 TORCH_INDEX = $(if $(CPU_TORCH),$$($(PYTHON) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], \
 	timeout=10)' $(TORCH_CPU_INDEX) 2>/dev/null && echo --extra-index-url $(TORCH_CPU_INDEX)))
 
-.PHONY: setup test test-fast test-latest quickstart ui bench bench-study docs lock image clean
+.PHONY: setup test test-fast lint test-latest quickstart ui bench bench-study docs lock image clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,10 @@ test: $(STAMP)
 # Skip the slow Ray end-to-end and fault tests while developing.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" --numprocesses=$(TEST_WORKERS) --dist=loadfile
+
+# The lint alone (the suite runs it too, tests/test_lint.py); `make lint FIX=--fix` applies ruff's safe fixes.
+lint: $(STAMP)
+	$(BIN)/python -m ruff check $(FIX) .
 
 # The suite on the newest releases pyproject.toml allows, without the lock, in a virtual environment of its own made
 # afresh (.venv-latest; torch chosen as for the set-up, its newest release in range): drift is found on purpose, before
