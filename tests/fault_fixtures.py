@@ -477,8 +477,11 @@ class _MlflowServer:
                    "--artifacts-destination", self.artifacts,
                    "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
         with open(self.log, "ab") as out:
+            # Started as cluster.yaml starts the head's server: without MLflow's job runner (GenAI judges and
+            # scorers, a huey consumer pool of its own), which has nothing to do for a study's runs.
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **self.env})
+                                            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true",
+                                                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **self.env})
         wait_for(self.healthy, timeout, f"mlflow server on port {self.port}", every=0.5)
 
     def healthy(self) -> bool:
