@@ -50,7 +50,8 @@ def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num
         start = _checked_int(spec.get("start_layer"), "start_layer", low=0, high=num_layers - 1)
         increment = _checked_int(spec.get("increment"), "increment", low=1)
         max_count = _checked_int(spec.get("max_count"), "max_count", low=0, high=num_heads)
-        counts = [0 if layer < start else min(max_count, increment * (layer - start + 1)) for layer in range(num_layers)]
+        counts = [0 if layer < start else min(max_count, increment * (layer - start + 1))
+                  for layer in range(num_layers)]
     else:
         counts = spec.get("k_per_layer")
         if not isinstance(counts, Sequence) or isinstance(counts, str):

@@ -576,7 +576,6 @@ class ChatConfig(_TextSource):
 
 
 SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageConfig, ImageFolderConfig,
-                  FineWebEduConfig, WikiText103Config, PG19Config, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig,
-                  ToyTranslationConfig,
-                  WMT14Config, ChatConfig)
+                  FineWebEduConfig, WikiText103Config, PG19Config, TextFilesConfig, ADE20KConfig,
+                  ShapesSegmentationConfig, ToyTranslationConfig, WMT14Config, ChatConfig)
 DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]
