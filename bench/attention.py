@@ -173,7 +173,8 @@ def main():
         report["shapes"][f"N={n}"] = entry
     core_1024 = report["shapes"]["N=1024"]["core"]
     report["targets"] = {
-        "k_ratio_min_over_shapes": min(e[kind]["k_ratio"] for e in report["shapes"].values() for kind in ("core", "block")),
+        "k_ratio_min_over_shapes": min(e[kind]["k_ratio"] for e in report["shapes"].values()
+                                       for kind in ("core", "block")),
         "k_ratio_target": 0.98,
         "core_speedup_at_1024": core_1024["speedup_vs_materialised"],
         "core_speedup_target": 3.0,

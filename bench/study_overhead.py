@@ -69,7 +69,8 @@ def overhead_space(args) -> dict:
         "scheduler": "none",
         "fixed": {"preset": "vit_tiny_digits", "dim": args.dim, "depth": args.depth, "batch_size": 64,
                   "warmup_epochs": 1},
-        "parameters": {"lr": {"type": "log_float", "low": 1e-3, "high": 1e-2}, "k": {"type": "int", "low": 0, "high": 4}},
+        "parameters": {"lr": {"type": "log_float", "low": 1e-3, "high": 1e-2},
+                       "k": {"type": "int", "low": 0, "high": 4}},
         "points_to_evaluate": points,
     }
 

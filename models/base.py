@@ -25,7 +25,8 @@ class MixerModel(nn.Module):
     Subclasses build their layers with ``_build_blocks``, which sets ``self.blocks`` (each with a ``.mixer``) and
     ``self.mixer_kinds`` (the registry name per layer).
     Mixers may implement ``regularization_loss()``, ``set_training_step(step, total_steps)``, ``stats()``,
-    ``slow_parameters()`` and ``start_node_count()`` / ``stop_node_count()``; attention implements none of them. Subclasses also have ``norm`` (the final norm) and
+    ``slow_parameters()`` and ``start_node_count()`` / ``stop_node_count()``; attention implements none of them.
+    Subclasses also have ``norm`` (the final norm) and
     ``pool(tokens)`` (what the classifier or output head reads of the tokens).
     """
 

@@ -50,7 +50,8 @@ def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num
         start = _checked_int(spec.get("start_layer"), "start_layer", low=0, high=num_layers - 1)
         increment = _checked_int(spec.get("increment"), "increment", low=1)
         max_count = _checked_int(spec.get("max_count"), "max_count", low=0, high=num_heads)
-        counts = [0 if l < start else min(max_count, increment * (l - start + 1)) for l in range(num_layers)]
+        counts = [0 if layer < start else min(max_count, increment * (layer - start + 1))
+                  for layer in range(num_layers)]
     else:
         counts = spec.get("k_per_layer")
         if not isinstance(counts, Sequence) or isinstance(counts, str):
@@ -59,7 +60,8 @@ def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num
             raise ConfigError(
                 "k_per_layer", f"has {len(counts)} entries but the model has depth {num_layers}: give one per layer"
             )
-        counts = [_checked_int(c, f"k_per_layer[{l}] (layer {l})", low=0, high=num_heads) for l, c in enumerate(counts)]
+        counts = [_checked_int(c, f"k_per_layer[{layer}] (layer {layer})", low=0, high=num_heads)
+                  for layer, c in enumerate(counts)]
     return counts
 
 

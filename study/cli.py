@@ -154,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", type=user_path, metavar="PATH",
                           help="state.pt, a checkpoint_* folder or a run folder (default: found beside the config)")
     evaluate.add_argument("--tasks", required=True, metavar="T1,T2",
-                          help="comma-separated: arc_easy, arc_challenge, mmlu, gsm8k, humaneval, gsm8k_chat (nanochat's "
-                               "GSM8K: sampled with the calculator tool, pass@k) or any lm_eval task")
+                          help="comma-separated: arc_easy, arc_challenge, mmlu, gsm8k, humaneval, gsm8k_chat "
+                               "(nanochat's GSM8K: sampled with the calculator tool, pass@k) or any lm_eval task")
     evaluate.add_argument("--include-path", type=user_path, action="append", default=[], metavar="DIR",
                           help="a folder of lm_eval task configs (and humaneval.jsonl, or GSM8K's main/test-*.parquet) "
                                "over local data; its tasks "

@@ -174,7 +174,8 @@ def generated_sections() -> dict[str, str]:
         lines: list[str] = []
         for heading, model in tables:
             summary = " ".join((model.__doc__ or "").split())
-            lines += [f"### {heading} (`{model.__name__}`)", "", *([summary, ""] if summary else []), *schema_table(model), ""]
+            lines += [f"### {heading} (`{model.__name__}`)", "", *([summary, ""] if summary else []),
+                      *schema_table(model), ""]
         sections[name] = lines[:-1]
     return {name: "\n".join(lines) for name, lines in sections.items()}
 

@@ -60,7 +60,8 @@ def trial_concurrency(resources: Resources, cluster: dict, nodes: list[dict], re
     usable_cpu = cpus - DATA_CPU_RESERVE
     per_trial_cpu = resources.workers * resources.cpus_per_worker
     if per_trial_cpu > usable_cpu + 1e-9:
-        hint = (f"at most {usable_cpu:g} CPUs per trial fit, e.g. --workers-per-trial 1 --cpus-per-worker {usable_cpu:g}"
+        hint = (f"at most {usable_cpu:g} CPUs per trial fit, e.g. --workers-per-trial 1 "
+                f"--cpus-per-worker {usable_cpu:g}"
                 if usable_cpu > 0 else "nothing fits: give Ray at least 2 CPUs")
         raise UserError(
             f"--workers-per-trial {resources.workers} x --cpus-per-worker {resources.cpus_per_worker:g}: a trial needs "

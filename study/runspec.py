@@ -35,7 +35,8 @@ class TrainConfig(BaseModel):
                              "for embedding and head at matrix_lr, embedding_lr, unembedding_lr, with nanochat's "
                              "warm-down schedule (docs/nanochat.md; lr, beta1, beta2, eps are then not used)")
     lr: float = Field(1e-3, gt=0, description="peak learning rate for the global batch")
-    weight_decay: float = Field(0.05, ge=0, description="decoupled weight decay on matrices (not norms, biases, embeddings)")
+    weight_decay: float = Field(0.05, ge=0, description="decoupled weight decay on matrices "
+                                "(not norms, biases, embeddings)")
     beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay (AdamW, LAMB); SGD's momentum")
     beta2: float = Field(0.999, ge=0, lt=1, description="second-moment decay (AdamW, LAMB)")
     eps: float = Field(1e-8, gt=0, description="added to the second-moment root (AdamW, LAMB)")
@@ -59,8 +60,9 @@ class TrainConfig(BaseModel):
                                                        "times (dim / 768) ** -0.5")
     unembedding_lr: float = Field(0.004, gt=0, description="nanochat: AdamW's learning rate of the head (and of "
                                                            "parameters nanochat has not), times (dim / 768) ** -0.5")
-    warmdown_ratio: float = Field(0.2, ge=0, le=1, description="nanochat: share of the steps over which the lr falls "
-                                                               "linearly to min_lr_ratio (base_train 0.2, chat_sft 1.0)")
+    warmdown_ratio: float = Field(0.2, ge=0, le=1, description="nanochat: share of the steps over which the lr "
+                                                               "falls linearly to min_lr_ratio "
+                                                               "(base_train 0.2, chat_sft 1.0)")
     muon_momentum_warmup: int = Field(300, ge=0, description="nanochat: steps of Muon's momentum ramp 0.85 -> 0.95 "
                                                              "(0: 0.95 throughout, as chat_sft)")
     loss: Literal["ce", "bce"] = Field(

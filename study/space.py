@@ -374,7 +374,8 @@ class SearchSpace(_Strict):
             check_hyperparameter_names(stage.hyperparameters, f"stages[{i}].hyperparameters")
         check_data_kind(self.task, self.dataset, "dataset")
         if self.scheduler.stops_trials and self.scheduler.grace_period > self.epochs:
-            raise ValueError(f"scheduler.grace_period: must be <= epochs ({self.epochs}), got {self.scheduler.grace_period}")
+            raise ValueError(f"scheduler.grace_period: must be <= epochs ({self.epochs}), "
+                             f"got {self.scheduler.grace_period}")
 
     # ---- names and conditions -----------------------------------------------------------------------------------
 
@@ -417,22 +418,26 @@ class SearchSpace(_Strict):
                         f"allowed: {', '.join(known) or 'none'}"
                     )
                 if known[name] is None:
-                    raise ValueError(f"conditional[{i}].when.{name}: conditions need a categorical parameter or fixed value")
+                    raise ValueError(f"conditional[{i}].when.{name}: conditions need a categorical parameter "
+                                     "or fixed value")
                 for option in allowed if isinstance(allowed, list) else [allowed]:
                     if not any(type(option) is type(v) and option == v for v in known[name]):
                         raise ValueError(f"conditional[{i}].when.{name}: {option!r} is not one of {known[name]}")
             known.update({name: [value] for name, value in group.fixed.items()})
-            known.update({name: p.corners() if isinstance(p, Categorical) else None for name, p in group.parameters.items()})
+            known.update({name: p.corners() if isinstance(p, Categorical) else None
+                          for name, p in group.parameters.items()})
 
     def _check_sampler(self):
         kind = self.sampler.kind
         if self.multi_objective and kind not in MULTI_OBJECTIVE_SAMPLERS:
             raise ValueError(
-                f"sampler: {kind} optimises one metric; with several metrics use one of {', '.join(MULTI_OBJECTIVE_SAMPLERS)}"
+                f"sampler: {kind} optimises one metric; "
+                f"with several metrics use one of {', '.join(MULTI_OBJECTIVE_SAMPLERS)}"
             )
         if kind == "grid":
             if self.conditional:
-                raise ValueError("sampler: grid needs a space without conditional groups (list the combinations instead)")
+                raise ValueError("sampler: grid needs a space without conditional groups "
+                                 "(list the combinations instead)")
             for name, p in self.parameters.items():
                 if isinstance(p, FloatRange):
                     raise ValueError(f"parameters.{name}: sampler grid needs categorical or int parameters")
@@ -449,7 +454,8 @@ class SearchSpace(_Strict):
         for name, value in point.items():
             if name not in active:
                 raise ValueError(
-                    f"{where}.{name}: not a parameter that is sampled for this point; sampled: {', '.join(active) or 'none'}"
+                    f"{where}.{name}: not a parameter that is sampled for this point; "
+                    f"sampled: {', '.join(active) or 'none'}"
                 )
             if not active[name].contains(value):
                 raise ValueError(f"{where}.{name}: {value!r} is outside the space; must be {active[name].describe()}")
@@ -494,7 +500,8 @@ class SearchSpace(_Strict):
         rungs = int(math.log(self.epochs / grace) / math.log(factor) + 1)  # as Ray's ASHA bracket counts them
         return tuple(sorted({math.ceil(grace * factor ** k) for k in range(rungs)} - {self.epochs}))
 
-    def run_spec(self, hyperparameters: dict, resources: Resources, seed: int | None = None, provenance=None) -> RunSpec:
+    def run_spec(self, hyperparameters: dict, resources: Resources, seed: int | None = None,
+                 provenance=None) -> RunSpec:
         return RunSpec(
             task=self.task,
             dataset=self.dataset,
@@ -652,7 +659,8 @@ class SearchSpace(_Strict):
 
 def parse_space(data: Any, where: str = "search space") -> SearchSpace:
     if not isinstance(data, dict):
-        raise UserError(f"{where}: must be a mapping of fields (name, task, dataset, metric, ...), got {type(data).__name__}")
+        raise UserError(f"{where}: must be a mapping of fields (name, task, dataset, metric, ...), "
+                        f"got {type(data).__name__}")
     return validate(SearchSpace, data, prefix=f"{where}: ")
 
 

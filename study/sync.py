@@ -41,7 +41,8 @@ from study.yamlio import dump_yaml, load_yaml
 log = logging.getLogger(__name__)
 
 
-def sync_runs(folder: StudyFolder, tracking_uri: str, experiment_id: str, records: list[TrialRecord] | None = None) -> int:
+def sync_runs(folder: StudyFolder, tracking_uri: str, experiment_id: str,
+              records: list[TrialRecord] | None = None) -> int:
     """Make MLflow agree with Ray's records.
 
     For every finished trial: the epochs Ray recorded that its run lacks (the tracking server was away when the

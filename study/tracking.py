@@ -85,11 +85,13 @@ def check_store(tracking_uri: str, name: str, *, must_be_new: bool) -> str | Non
         experiment = client.get_experiment_by_name(name)
         has_runs = bool(experiment is not None and client.search_runs([experiment.experiment_id], max_results=1))
     except Exception as exc:  # noqa: BLE001 - any failure here means the store is unusable
-        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({short_error(exc)})") from None
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store "
+                        f"({short_error(exc)})") from None
     if experiment is None:
         return None
     if experiment.lifecycle_stage == "deleted":
-        raise UserError(f"--name {name}: an MLflow experiment of that name is deleted but still in the store; pick another --name")
+        raise UserError(f"--name {name}: an MLflow experiment of that name is deleted but still in the store; "
+                        "pick another --name")
     if must_be_new and has_runs:
         raise UserError(
             f"--name {name}: the MLflow store {redact(tracking_uri)} already has an experiment {name!r} with runs; "
@@ -108,7 +110,8 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return experiment_id
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({short_error(exc)})") from None
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store "
+                        f"({short_error(exc)})") from None
 
 
 def open_experiment(tracking_uri: str | None, folder: Path, name: str, *, must_be_new: bool) -> tuple[str, str]:
@@ -133,7 +136,8 @@ def without_credentials(uri: str) -> str:
 
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:
     runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{TAG_TRIAL}` = '{trial_id}'", max_results=2, order_by=["attributes.start_time ASC"]
+        [experiment_id], filter_string=f"tags.`{TAG_TRIAL}` = '{trial_id}'", max_results=2,
+        order_by=["attributes.start_time ASC"]
     )
     return runs[0].info.run_id if runs else None
 
@@ -163,7 +167,8 @@ def open_study_run(tracking_uri: str, experiment_id: str, study: str, params: di
             client.log_artifact(run.info.run_id, str(path))
         return run.info.run_id
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store ({short_error(exc)})") from None
+        raise UserError(f"--tracking-uri {redact(tracking_uri)}: cannot use the MLflow store "
+                        f"({short_error(exc)})") from None
 
 
 def close_run(tracking_uri: str, experiment_id: str, *, run_id: str | None, trial_id: str | None, status: TrialStatus,
@@ -336,7 +341,8 @@ class RunLogger:
                 self.run_id = run.info.run_id
                 items = list(self.params.items())
                 for start in range(0, len(items), PARAMS_PER_BATCH):
-                    client.log_batch(self.run_id, params=[Param(k, v) for k, v in items[start:start + PARAMS_PER_BATCH]])
+                    client.log_batch(self.run_id,
+                                     params=[Param(k, v) for k, v in items[start:start + PARAMS_PER_BATCH]])
                 if self.datasets:
                     client.log_inputs(self.run_id, datasets=self.datasets)
                 with tempfile.TemporaryDirectory() as tmp:

@@ -92,5 +92,6 @@ def comparison(metrics: dict, recorded: dict, keys: tuple[str, ...]) -> str:
             same = "identical" if value == recorded[key] else f"differs by {value - recorded[key]:+.3g}"
             lines.append(f"  {key}: {recorded[key]:.6f} -> {value:.6f} ({same})")
         else:
-            lines.append(f"  {key}: {value:.6f}" if isinstance(value, float) and math.isfinite(value) else f"  {key}: {value}")
+            lines.append(f"  {key}: {value:.6f}" if isinstance(value, float) and math.isfinite(value)
+                         else f"  {key}: {value}")
     return "\n".join(lines)

@@ -20,7 +20,8 @@ def plan_run(spec: RunSpec, task_data) -> LoopPlan:
     """Per-worker batch and steps per epoch (which fix the learning-rate schedule); UserError if they cannot work."""
     workers, batch_size = spec.resources.workers, spec.train.batch_size
     if batch_size % workers:
-        raise UserError(f"hyperparameters.batch_size: {batch_size} must be a multiple of the workers per trial ({workers})")
+        raise UserError(f"hyperparameters.batch_size: {batch_size} must be a multiple of the workers per trial "
+                        f"({workers})")
     per_worker = batch_size // workers
     # Ray splits the training rows equally over the workers and each drops its last partial batch.
     rows = task_data.train_rows_per_worker(workers)
@@ -28,7 +29,8 @@ def plan_run(spec: RunSpec, task_data) -> LoopPlan:
     if spec.train.steps_per_epoch is not None:
         steps = spec.train.steps_per_epoch if available is None else min(spec.train.steps_per_epoch, available)
     elif available is None:
-        raise UserError("hyperparameters.steps_per_epoch: the dataset's length is unknown (streamed); set steps_per_epoch")
+        raise UserError("hyperparameters.steps_per_epoch: the dataset's length is unknown (streamed); "
+                        "set steps_per_epoch")
     else:
         steps = available
     if steps < 1:

@@ -432,7 +432,8 @@ def study_run(tracking_uri: str, experiment: str) -> dict:
 
 def study_records(study_dir: Path, experiment: str, tracking_uri: str | None = None) -> tuple[dict, dict]:
     """Ray's records and MLflow's runs of a study (MLflow: the SQLite store in the study folder unless given)."""
-    return tune_results(study_dir), mlflow_runs(tracking_uri or f"sqlite:///{Path(study_dir) / 'mlflow.db'}", experiment)
+    return tune_results(study_dir), mlflow_runs(tracking_uri or f"sqlite:///{Path(study_dir) / 'mlflow.db'}",
+                                                experiment)
 
 
 def explain(rows: list[dict], log: str) -> str:

@@ -60,7 +60,8 @@ attempts += 1
 done = subprocess.run([sys.executable, "-I", "-S", "-c", {probe!r}], capture_output=True, text=True)
 print(done.stdout, done.stderr[-300:])
 attempts += 1
-pid = multiprocessing.util.spawnv_passfds(os.fsencode(sys.executable), [sys.executable, "-I", "-S", "-c", {probe!r}], [1])
+pid = multiprocessing.util.spawnv_passfds(os.fsencode(sys.executable),
+                                          [sys.executable, "-I", "-S", "-c", {probe!r}], [1])
 os.waitpid(pid, 0)
 attempts += 1
 print("attempts", attempts)
@@ -118,7 +119,8 @@ def write_outside(targets: list[str]) -> str:
     return UNHOOK + f"""
 import os, stat
 for target in {targets!r}:
-    for make in (lambda: open(target, "w").write("x"), lambda: os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 3))):
+    for make in (lambda: open(target, "w").write("x"),
+                 lambda: os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 3))):
         try:
             make()
             print("made", target)
@@ -205,7 +207,8 @@ def forgeries(wrong: str) -> dict[str, str]:
         "AssertionError patched away": "import builtins\nbuiltins.AssertionError = type('Nothing', (Exception,), {})\n"
                                        + wrong,
         "tracing that skips the test": "import sys\ndef tracer(frame, event, arg):\n    if frame.f_code.co_name == "
-                                       "'check':\n        raise SystemExit(0)\n    return tracer\nsys.settrace(tracer)\n"
+                                       "'check':\n        raise SystemExit(0)\n    return tracer\n"
+                                       "sys.settrace(tracer)\n"
                                        + wrong,
         "patched json and exit codes": UNHOOK + "import json, os\njson.dumps = lambda *a, **k: " + repr(fake) +
                                        "\nos._exit = lambda code: os.abort()\n" + wrong,

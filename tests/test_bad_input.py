@@ -106,7 +106,8 @@ CASES = [
     Case("bce-with-label-smoothing", RUN, ["loss", "bce", "label_smoothing"],
          space=_space(dataset={"source": "digits", "label_smoothing": 0.1},
                       fixed={"preset": "vit_tiny_digits", "depth": 2, "batch_size": 64, "loss": "bce"})),
-    Case("missing-space-file", ["run", "{storage}/nowhere.yaml", "--storage", "{storage}"], ["nowhere.yaml", "no such file"]),
+    Case("missing-space-file", ["run", "{storage}/nowhere.yaml", "--storage", "{storage}"],
+         ["nowhere.yaml", "no such file"]),
     Case("unreadable-yaml", RUN, ["not valid YAML", "line 2"], raw_space="name: [fault\n  task: x\n"),
     Case("space-not-a-mapping", RUN, ["must be a mapping", "name, task"], raw_space="- 1\n- 2\n"),
     # ---- command lines -------------------------------------------------------------------------------------------
@@ -118,19 +119,25 @@ CASES = [
     Case("unknown-flag", [*RUN, "--epochs", "3"], ["unrecognized arguments: --epochs", "--help"]),
     Case("abbreviated-flag", [*RUN, "--num-sam", "3"], ["unrecognized arguments: --num-sam", "--help"]),
     Case("worker-resource-malformed", [*RUN, "--worker-resource", "spot"], ["--worker-resource 'spot'", "NAME=AMOUNT"]),
-    Case("worker-resource-standard-name", [*RUN, "--worker-resource", "GPU=1"], ["--worker-resource", "--*-per-worker"]),
+    Case("worker-resource-standard-name", [*RUN, "--worker-resource", "GPU=1"],
+         ["--worker-resource", "--*-per-worker"]),
     Case("unknown-command", ["fly", "{space}"], ["invalid choice: 'fly'", "run"]),
-    Case("bad-study-name", ["run", "{space}", "--storage", "{storage}", "--name", "my study/1"], ["--name", "letters, digits"]),
+    Case("bad-study-name", ["run", "{space}", "--storage", "{storage}", "--name", "my study/1"],
+         ["--name", "letters, digits"]),
     Case("existing-study-without-resume", ["run", "{space}", "--storage", "{storage}", "--name", EXISTING],
          ["already exists", "--resume"]),
     Case("resume-without-a-study", [*RUN, "--resume"], ["--resume", "no study to resume"]),
     Case("address-not-an-address", [*RUN, "--address", "my laptop"], ["--address", "auto", "HOST:PORT"]),
-    Case("address-nothing-listening", [*RUN, "--address", "127.0.0.1:{port}"], ["--address 127.0.0.1:", "cannot connect"]),
-    Case("tracking-uri-unreachable", [*RUN, "--tracking-uri", "http://127.0.0.1:{port}"], ["--tracking-uri", "127.0.0.1"]),
+    Case("address-nothing-listening", [*RUN, "--address", "127.0.0.1:{port}"],
+         ["--address 127.0.0.1:", "cannot connect"]),
+    Case("tracking-uri-unreachable", [*RUN, "--tracking-uri", "http://127.0.0.1:{port}"],
+         ["--tracking-uri", "127.0.0.1"]),
     Case("tracking-uri-unknown-scheme", [*RUN, "--tracking-uri", "gopher://x"], ["--tracking-uri", "gopher"]),
     # ---- the other commands --------------------------------------------------------------------------------------
-    Case("train-missing-config", ["train", "{storage}/missing.yaml", "--storage", "{storage}"], ["missing.yaml", "no such file"]),
-    Case("train-unknown-hyperparameter", ["train", "{config}", "--storage", "{storage}"], ["hyperparameters.kk", "allowed"],
+    Case("train-missing-config", ["train", "{storage}/missing.yaml", "--storage", "{storage}"],
+         ["missing.yaml", "no such file"]),
+    Case("train-unknown-hyperparameter", ["train", "{config}", "--storage", "{storage}"],
+         ["hyperparameters.kk", "allowed"],
          config={"task": "classification", "dataset": {"source": "digits"}, "epochs": 1, "seed": 0,
                  "hyperparameters": {"preset": "vit_tiny_digits", "kk": 1}}),
     Case("train-k-above-head-count", ["train", "{config}", "--storage", "{storage}"], ["k", "0..4"],
@@ -165,7 +172,8 @@ def storage(tmp_path_factory) -> Path:
     client.set_terminated(run.info.run_id)
     (study / "trials" / "0.yaml").write_text(yaml.safe_dump({"task": "classification"}))
     (study / "study.json").write_text(json.dumps({
-        "name": EXISTING, "space": str(study / "space.yaml"), "created": "2026-11-30T00:00:00+00:00", "seed": 0, "num_samples": 2, "max_concurrent": None,
+        "name": EXISTING, "space": str(study / "space.yaml"), "created": "2026-11-30T00:00:00+00:00", "seed": 0,
+        "num_samples": 2, "max_concurrent": None,
         "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0}, "tracking_uri": tracking_uri,
         "experiment_id": experiment, "metric": ["val_acc"], "mode": ["max"]}))
     return root
@@ -227,7 +235,8 @@ def test_bad_input_in_process(case, storage, tmp_path, capfd, no_ray, monkeypatc
     assert out == "", f"nothing may be printed on stdout for bad input (no study starts):\n{out}"
     assert tree_digest(storage) == before, "the storage folder (with an existing study) was modified"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        {"space.yaml"} | ({"config.yaml"} if case.config is not None else set())), "files appeared in the working folder"
+        {"space.yaml"} | ({"config.yaml"} if case.config is not None else set())), \
+        "files appeared in the working folder"
 
 
 # Through the installed command: the real process, its real stderr and exit code. Started together to share the

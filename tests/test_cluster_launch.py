@@ -90,15 +90,17 @@ def _run(snippet: str, tmp_path: Path, env: dict, fail_mount: bool = False) -> s
     replaced by functions that record their arguments in `log` (`ray` with the auth mode and hub token it would
     start with; its `get-auth-token --generate` makes a token as Ray's does, once)."""
     log = tmp_path / "log"
+    mount = "return 32" if fail_mount else f"touch {tmp_path / 'mounted'}"
     fakes = f"""
 log={log}
-sudo() {{ echo "sudo $*" >> $log; if [ "$1" = mount ]; then {'return 32' if fail_mount else 'touch ' + str(tmp_path / 'mounted')}; fi; }}
+sudo() {{ echo "sudo $*" >> $log; if [ "$1" = mount ]; then {mount}; fi; }}
 mountpoint() {{ [ -e {tmp_path / 'mounted'} ]; }}
 docker() {{ echo "docker $*" >> $log; }}
 aws() {{ echo "aws $*" >> $log; echo password; }}
 nvidia-smi() {{ return 1; }}
 ray() {{ echo "ray $* [mode=${{RAY_AUTH_MODE:-}} hf=$(printenv HF_TOKEN)]" >> $log;
-  if [ "$1" = get-auth-token ] && [ ! -s ~/.ray/auth_token ]; then mkdir -p ~/.ray; printf {HEAD_TOKEN} > ~/.ray/auth_token; fi; }}
+  if [ "$1" = get-auth-token ] && [ ! -s ~/.ray/auth_token ]; then
+    mkdir -p ~/.ray; printf {HEAD_TOKEN} > ~/.ray/auth_token; fi; }}
 """
     return subprocess.run(["bash", "-c", f"{fakes}\n({snippet})"], capture_output=True, text=True, timeout=30,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env})

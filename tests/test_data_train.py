@@ -1,4 +1,5 @@
-"""The data contract inside real Ray Train workers: get_dataset_shard, two workers, disjoint shards covering the data."""
+"""The data contract inside real Ray Train workers: get_dataset_shard, two workers, disjoint shards covering the
+data."""
 
 import json
 import sys

@@ -247,7 +247,7 @@ def _project_steps(model, batches, state=None):
 def test_six_training_steps_are_main_dinos_train_one_epoch():
     from study.runspec import TrainConfig
 
-    config, options, train = SMALL, SMALL_OPTIONS, TrainConfig(**SMALL_TRAIN)
+    options, train = SMALL_OPTIONS, TrainConfig(**SMALL_TRAIN)
     steps_per_epoch, epochs, ncrops = STEPS_PER_EPOCH, EPOCHS, 4
     model, batches = _small_dino()
     student = project_to_reference(model.student.named_parameters())

@@ -146,4 +146,5 @@ def test_docs_show_port_forwards_that_reach_the_services(config):
     assert targets, "no `ssh -L 5000:...:5000` port-forward shown"
     bound = _option(_mlflow_server_command(config), "--host")
     if bound not in ("localhost", "127.0.0.1"):  # the server listens on the private address only
-        assert not targets & {"localhost", "127.0.0.1"}, f"a forward to localhost cannot reach a server bound to {bound}"
+        assert not targets & {"localhost", "127.0.0.1"}, \
+            f"a forward to localhost cannot reach a server bound to {bound}"

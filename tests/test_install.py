@@ -79,7 +79,8 @@ def test_drift_names_each_distribution_that_left_the_lock():
     # a GPU machine's CUDA build of the locked release, with its own Triton; another release is still drift
     assert drift(locked, drifted, cpu_build=False) == ["moto: locked 5.2.5, installed nothing",
                                                 "optuna: locked 5.0.0, installed 5.1.0"]
-    assert drift(locked, {**drifted, "torch": "2.12.0"}, cpu_build=False)[-1] == "torch: locked 2.13.0+cpu, installed 2.12.0"
+    assert drift(locked, {**drifted, "torch": "2.12.0"}, cpu_build=False)[-1] == \
+        "torch: locked 2.13.0+cpu, installed 2.12.0"
     assert locked_versions("# header\nray==2.60.0\n    # via lapstudy\nPyYAML==6.0.4\n") == {"ray": "2.60.0",
                                                                                           "pyyaml": "6.0.4"}
 

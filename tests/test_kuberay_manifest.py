@@ -119,7 +119,8 @@ def test_entrypoint_shared_storage_and_tracking_secret(job):
     cluster = spec["rayClusterSpec"]
     pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
     for pod in pods:  # every pod mounts the shared volume where the study folder goes
-        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in pod["volumes"] if "persistentVolumeClaim" in v}
         mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] in claims]
         assert any(storage.startswith(m["mountPath"].rstrip("/") + "/") for m in mounts), pod["containers"][0]["name"]
     head_env = {e["name"]: e for e in _containers(job)["head"]["env"]}

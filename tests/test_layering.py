@@ -244,7 +244,8 @@ def _module_level_environment_changes(path: Path) -> list[int]:
 
 def test_no_module_of_study_or_models_changes_the_environment_on_import():
     modules = [*MODULES.values(), *sorted((REPO / "models").rglob("*.py"))]
-    changes = [f"{path.relative_to(REPO)}:{line}" for path in modules for line in _module_level_environment_changes(path)]
+    changes = [f"{path.relative_to(REPO)}:{line}"
+               for path in modules for line in _module_level_environment_changes(path)]
     assert changes == []
 
 

@@ -274,7 +274,8 @@ def test_wikitext_from_a_local_copy_windows_each_validation_article_alone(ray_lo
         assert sum(int(row["scored"]) for row in rows) == sum(len(a.encode()) for a in articles), length
         assert sum(int(row["words"]) for row in rows) == sum(len(a.split()) for a in articles), length
         firsts = [row for row in rows if row["tokens"][0] == eot]
-        assert [bytes(row["tokens"][1:21].tolist()).decode() for row in firsts] == [a.encode()[:20].decode() for a in articles]
+        assert [bytes(row["tokens"][1:21].tolist()).decode() for row in firsts] == \
+            [a.encode()[:20].decode() for a in articles]
         assert data.params[f"eval_stride_ctx{length}"] == length // 2  # the default: half of each length
 
 

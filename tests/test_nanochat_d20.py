@@ -111,7 +111,8 @@ def test_norm_right_after_the_embedding():
 
 
 def rotate_clockwise(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """nanochat's apply_rotary_emb: halves (x1, x2), y1 = x1 cos + x2 sin, y2 = -x1 sin + x2 cos, angle m base^(-2i/d)."""
+    """nanochat's apply_rotary_emb: halves (x1, x2), y1 = x1 cos + x2 sin, y2 = -x1 sin + x2 cos,
+    angle m base^(-2i/d)."""
     n, d = x.shape[-2:]
     inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     angles = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq

@@ -18,7 +18,7 @@ from study.errors import UserError
 # nanochat/tokenizer.py at e1770a3, copied as it stands there
 NANOCHAT_SPECIAL_TOKENS = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
                            "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>"]
-NANOCHAT_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+NANOCHAT_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""  # noqa: E501
 # scripts/tok_train.py's sanity check
 TOK_TRAIN_TEXT = """Hello world! This is a test.
 Numbers: 123, 4567, 89

@@ -58,11 +58,13 @@ def test_a_correct_solution_passes_and_a_wrong_one_fails():
 def test_a_humaneval_problem_with_prompt_helpers_runs_as_human_eval_builds_it():
     """HumanEval/32's shape: the tests call `poly`, a helper of the prompt; the completion calls it too."""
     problem = {"task_id": "t/0", "entry_point": "find_zero",
-               "prompt": "import math\n\n\ndef poly(xs, x):\n    return sum(c * math.pow(x, i) for i, c in enumerate(xs))"
+               "prompt": "import math\n\n\ndef poly(xs, x):\n"
+                         "    return sum(c * math.pow(x, i) for i, c in enumerate(xs))"
                          "\n\n\ndef find_zero(xs):\n    \"\"\"A zero of the polynomial xs.\"\"\"\n",
                "test": "def check(candidate):\n    for xs in ([1, 2], [-6, 11, -6, 1], [2, -3, 1]):\n"
                        "        assert abs(poly(xs, candidate(list(xs)))) < 1e-6\n"}
-    newton = ("    x = 0.5\n    for _ in range(200):\n        d = sum(i * c * x ** (i - 1) for i, c in enumerate(xs) if i)\n"
+    newton = ("    x = 0.5\n    for _ in range(200):\n"
+              "        d = sum(i * c * x ** (i - 1) for i, c in enumerate(xs) if i)\n"
               "        x -= poly(xs, x) / d\n    return x\n")
     results = run_samples([program(problem, newton), program(problem, "    return 0.0\n")],
                           allow_code_execution=True, limits=FAST, workers=2)
@@ -76,7 +78,8 @@ def test_values_cross_between_the_processes_with_their_types():
             "    try:\n        candidate('raise')\n    except ValueError as e:\n        assert str(e) == 'no'\n"
             "    else:\n        assert False\n")
     solution = ("def f(kind):\n    if kind == 'raise':\n        raise ValueError('no')\n"
-                "    return {'tuple': (1, 2), 'dict': {'a': [1.5, None], (1, 'b'): {2, 3}}, 'float': float('nan')}[kind]\n")
+                "    return {'tuple': (1, 2), 'dict': {'a': [1.5, None], (1, 'b'): {2, 3}}, "
+                "'float': float('nan')}[kind]\n")
     as_list = solution.replace("'tuple': (1, 2)", "'tuple': [1, 2]")
     results = run_samples([Sample(solution, test, "f"), Sample(as_list, test, "f")], allow_code_execution=True,
                           limits=FAST, workers=2)
@@ -200,8 +203,8 @@ def test_no_connection_reaches_a_server_of_the_host():
         with pytest.raises(TimeoutError):
             server.accept()
     assert result.passed, result
-    assert "attempts 3" in result.stdout and sum(line.startswith("refused") for line in result.stdout.splitlines()) == 3, \
-        result.stdout
+    assert "attempts 3" in result.stdout \
+        and sum(line.startswith("refused") for line in result.stdout.splitlines()) == 3, result.stdout
 
 
 # ---- processes ---------------------------------------------------------------------------------------------------
@@ -283,7 +286,8 @@ def test_the_kernel_refuses_system_calls_a_sample_has_no_use_for():
 
 def test_nothing_persists_into_a_later_sample():
     first = run(corpus.persist() + CORRECT)
-    later = run("import os, sys\ndef add(a, b):\n    planted = os.environ.get('PERSISTED') or 'persisted' in sys.modules"
+    later = run("import os, sys\ndef add(a, b):\n"
+                "    planted = os.environ.get('PERSISTED') or 'persisted' in sys.modules"
                 " or os.path.exists(os.path.expanduser('~/.lapstudy_mark'))\n    return 0 if planted else a + b\n")
     planted = [p for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"],
                               sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"]}
@@ -373,7 +377,7 @@ def test_samples_run_side_by_side_in_order():
     assert [r.status for r in results] == ["passed", "failed", "failed", "passed"]
 
 
-# ---- pass@k -----------------------------------------------------------------------------------------------------------
+# ---- pass@k ----------------------------------------------------------------------------------------------------------
 
 def _pass_at_k_by_enumeration(n: int, c: int, k: int) -> Fraction:
     """The share of the k-subsets of n samples (c of them correct) that hold at least one correct sample."""

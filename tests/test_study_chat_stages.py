@@ -77,7 +77,8 @@ def test_three_stages_log_their_metrics_under_their_names(chat_study):
     assert [value for key in ("lr", "midtrain/lr", "sft/lr") for _, value in history(key)] == [0.0, 0.0, 0.0]
     params = chat_study["run"].data.params
     # nanochat's tokenizer, trained on the shipped text: 512 tokens, the later stages reading with the same
-    assert params["optimizer"] == "nanochat" and params["vocab_size"] == "512" and params["data.tokenizer"] == "nanochat"
+    assert params["optimizer"] == "nanochat" and params["vocab_size"] == "512" \
+        and params["data.tokenizer"] == "nanochat"
     assert chat_study["run"].data.tags["lapstudy.status"] == "completed"
 
 

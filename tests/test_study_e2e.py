@@ -32,7 +32,8 @@ VIT_SPACE = {
     "scheduler": {"kind": "asha", "grace_period": 2, "reduction_factor": 2},
     "geometry": {"max_batches": 2, "pca_points": 200},
     "fixed": {"preset": "vit_tiny_digits", "batch_size": 64, "warmup_epochs": 0.5},
-    "parameters": {"lr": {"type": "log_float", "low": 1.0e-6, "high": 1.0e-2}, "k": {"type": "int", "low": 0, "high": 4}},
+    "parameters": {"lr": {"type": "log_float", "low": 1.0e-6, "high": 1.0e-2},
+                   "k": {"type": "int", "low": 0, "high": 4}},
     "points_to_evaluate": [GOOD, SECOND, BAD],
 }
 CLASSIFICATION_GEOMETRY = ("geom_within_seq_var", "geom_within_class_var", "geom_between_class_var",

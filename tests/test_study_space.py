@@ -283,7 +283,8 @@ def test_pareto_set_is_exactly_the_non_dominated_trials():
     values = [(0.9, 100.0), (0.8, 300.0), (0.85, 90.0), (0.7, 310.0), (0.9, 100.0), (0.95, 50.0), (0.6, 20.0)]
     records = [TrialRecord(f"t{i}", f"t{i}", TrialStatus.COMPLETED, {}, 3, {"val_acc": a, "samples_per_s": s})
                for i, (a, s) in enumerate(values)]
-    records.append(TrialRecord("stopped", "stopped", TrialStatus.EARLY_STOPPED, {}, 1, {"val_acc": 0.99, "samples_per_s": 999}))
+    records.append(TrialRecord("stopped", "stopped", TrialStatus.EARLY_STOPPED, {}, 1,
+                               {"val_acc": 0.99, "samples_per_s": 999}))
     front = {r.trial_id for r in best_records(records, ["val_acc", "samples_per_s"], ["max", "max"])}
 
     def dominates(p, q):

@@ -44,7 +44,8 @@ def test_each_kind_of_source_is_named_by_what_mlflow_knows_of_it(tmp_path):
 
 def test_a_trial_run_records_its_dataset_as_an_input_not_as_params(store):
     uri, experiment = store
-    logger = RunLogger(TrackingTarget(uri, experiment, "trial_t1", "t1", "records"), {"lr": "0.001", "data.train": "1437"},
+    logger = RunLogger(TrackingTarget(uri, experiment, "trial_t1", "t1", "records"),
+                       {"lr": "0.001", "data.train": "1437"},
                        "lr: 0.001\n", datasets=[dataset_input(DIGITS)])
     logger.close()
     run = MlflowClient(uri).get_run(logger.run_id)
@@ -56,14 +57,16 @@ def test_a_trial_run_records_its_dataset_as_an_input_not_as_params(store):
 
 def _record(trial_id: str, config_id: str, seed: int, value: float, *, status=TrialStatus.COMPLETED, epochs=4):
     params = {"lr": {"a": 0.1, "b": 0.2, "c": 0.3}[config_id], "config_id": config_id, "replicate": seed, "seed": seed}
-    return TrialRecord(trial_id, trial_id, status, params, epochs, {"val_acc": value, "mlflow_run_id": f"run-{trial_id}"})
+    return TrialRecord(trial_id, trial_id, status, params, epochs,
+                       {"val_acc": value, "mlflow_run_id": f"run-{trial_id}"})
 
 
 def test_the_best_configuration_is_the_best_mean_of_full_length_replicates():
     records = [_record("a0", "a", 0, 0.5), _record("a1", "a", 1, 0.75),
                _record("b0", "b", 0, 0.875), _record("b1", "b", 1, 0.5),
                # the highest values, but a replicate stopped early: never the best, its mean would mix lengths
-               _record("c0", "c", 0, 0.9375), _record("c1", "c", 1, 0.96875, status=TrialStatus.EARLY_STOPPED, epochs=2)]
+               _record("c0", "c", 0, 0.9375),
+               _record("c1", "c", 1, 0.96875, status=TrialStatus.EARLY_STOPPED, epochs=2)]
     best = study_best(records, ["val_acc"], ["max"])
     assert best.sampled == {"lr": 0.2} and best.metrics == {"val_acc": (0.875 + 0.5) / 2} and best.replicates == 2
     assert [t.trial_id for t in best.trials] == ["b0", "b1"]
@@ -75,7 +78,8 @@ def test_the_study_run_holds_the_best_metrics_and_links_each_best_run(store):
     uri, experiment = store
     client = MlflowClient(uri)
     study_run = client.create_run(experiment).info.run_id
-    record_study_best(uri, experiment, study_run, {"val_acc": 0.5625}, {"b0": "r0", "b1": "r1"}, "lr=0.2: val_acc 0.5625")
+    record_study_best(uri, experiment, study_run, {"val_acc": 0.5625}, {"b0": "r0", "b1": "r1"},
+                      "lr=0.2: val_acc 0.5625")
     run = client.get_run(study_run)
     assert run.data.metrics == {"best/val_acc": 0.5625}
     assert run.data.tags["lapstudy.best_trial_ids"] == "b0,b1" and run.data.tags["lapstudy.best_run_ids"] == "r0,r1"

@@ -213,7 +213,8 @@ class STLTMixer(nn.Module):
         Its size never grows with the number of tokens decoded. In training mode it also holds the gate's logistic
         noise (B, S), drawn once per sequence as forward draws it."""
         if not self.causal:
-            raise ValueError("a bilateral STLT mixes the whole sequence at once; only a causal one decodes step by step")
+            raise ValueError("a bilateral STLT mixes the whole sequence at once; "
+                             "only a causal one decodes step by step")
         device = self.sigma_raw.device if device is None else device
         cdtype = torch.complex128 if dtype == torch.float64 else torch.complex64
         B, S = batch_size, self.num_nodes

@@ -4,7 +4,8 @@
 
 Sources (the `source` field of a search space's `dataset:`): digits and pydoc_text ship offline; hf (CIFAR-10/100,
 ImageNet-1k or any hub id), parquet and image_folder are image classification; fineweb_edu, wikitext103, pg19 and
-text_files are language modelling; toy_translation (offline) and wmt14 are sentence pairs (docs/translation.md). See docs/data.md.
+text_files are language modelling; toy_translation (offline) and wmt14 are sentence pairs (docs/translation.md). See
+docs/data.md.
 """
 
 from importlib import import_module

@@ -47,7 +47,8 @@ class _ImageSource(_Source):
     """Options every image source shares: the DeiT-III style training recipe and the evaluation transform."""
 
     kind: ClassVar[str] = IMAGES
-    image_size: int | None = Field(None, ge=4, description="side of the square images fed to the model (None: the source's)")
+    image_size: int | None = Field(None, ge=4, description="side of the square images fed to the model "
+                                   "(None: the source's)")
     augment: AugmentLevel = Field(
         "basic",
         description="none: resize + centre crop as in evaluation; basic: random resized crop + horizontal flip; "
@@ -65,15 +66,16 @@ class _ImageSource(_Source):
     crop_ratio: tuple[float, float] = Field((3 / 4, 4 / 3), description="aspect-ratio range of the random resized crop")
     hflip: bool = Field(True, description="random horizontal flip in basic/three_augment")
     color_jitter: float = Field(0.3, ge=0.0, le=1.0, description="three_augment: brightness, contrast and saturation "
-                                "factors uniform in [1 - jitter, 1 + jitter], in a random order per image (DeiT III: 0.3)")
+                                "factors uniform in [1 - jitter, 1 + jitter], in a random order per image "
+                                "(DeiT III: 0.3)")
     mixup: float = Field(0.0, ge=0.0, description="Mixup Beta(alpha, alpha) parameter; 0 turns Mixup off")
     cutmix: float = Field(0.0, ge=0.0, description="CutMix Beta(alpha, alpha) parameter; 0 turns CutMix off")
     mix_prob: float = Field(1.0, ge=0.0, le=1.0, description="probability that a batch is mixed at all")
     switch_prob: float = Field(0.5, ge=0.0, le=1.0, description="probability of CutMix over Mixup when both are on")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the soft targets")
     eval_crop_pct: float | None = Field(
-        None, gt=0.0, le=1.0, description="evaluation: resize the short side to image_size / crop_pct (bicubic), centre "
-        "crop (None: the source's; DeiT III evaluates at 1.0)"
+        None, gt=0.0, le=1.0, description="evaluation: resize the short side to image_size / crop_pct (bicubic), "
+        "centre crop (None: the source's; DeiT III evaluates at 1.0)"
     )
     mean: tuple[float, ...] | None = Field(None, description="per-channel normalisation mean (None: the source's)")
     std: tuple[float, ...] | None = Field(None, description="per-channel normalisation std (None: the source's)")
@@ -307,11 +309,13 @@ class FineWebEduConfig(_HubTextSource):
 
     source: Literal["fineweb_edu"]
     hub_id: str = Field("HuggingFaceFW/fineweb-edu", description="the hub repository (owner/name)")
-    sample: str = Field("sample-10BT", description="the hub configuration: sample-10BT, sample-100BT, sample-350BT, default")
+    sample: str = Field("sample-10BT", description="the hub configuration: sample-10BT, sample-100BT, sample-350BT, "
+                        "default")
     val_documents: int = Field(
         10_000, ge=1, description="validation documents, taken from the sample's last parquet file (never trained on)"
     )
-    max_train_documents: int | None = Field(None, ge=1, description="cap on training documents (None: the whole sample)")
+    max_train_documents: int | None = Field(None, ge=1, description="cap on training documents "
+                                            "(None: the whole sample)")
 
 
 class WikiText103Config(_HubTextSource):
@@ -390,7 +394,8 @@ class ADE20KConfig(_SegmentationSource):
     mask_column: str = Field("annotation", description="encoded single-channel masks, one class index per pixel")
     num_classes: int = Field(150, ge=2, description="classes after reduce_zero_label")
     reduce_zero_label: bool = Field(
-        True, description="mmseg's rule for ADE20K: 0 (other) becomes the ignore index 255, every other label k becomes k - 1"
+        True, description="mmseg's rule for ADE20K: 0 (other) becomes the ignore index 255, every other label k "
+        "becomes k - 1"
     )
     image_size: int = Field(
         224, ge=4, description="side of the square crops fed to the model (DINO's ViT-S/16 is trained at 224)"
@@ -571,6 +576,6 @@ class ChatConfig(_TextSource):
 
 
 SOURCE_CONFIGS = (DigitsConfig, PydocTextConfig, HubImageConfig, ParquetImageConfig, ImageFolderConfig,
-                  FineWebEduConfig, WikiText103Config, PG19Config, TextFilesConfig, ADE20KConfig, ShapesSegmentationConfig, ToyTranslationConfig,
-                  WMT14Config, ChatConfig)
+                  FineWebEduConfig, WikiText103Config, PG19Config, TextFilesConfig, ADE20KConfig,
+                  ShapesSegmentationConfig, ToyTranslationConfig, WMT14Config, ChatConfig)
 DatasetConfig = Annotated[Union[SOURCE_CONFIGS], Field(discriminator="source")]

@@ -30,7 +30,8 @@ def hub_endpoint() -> str:
 
 
 def offline_flag() -> bool:
-    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _connect(host: str, port: int, timeout: float) -> None:
@@ -91,7 +92,8 @@ class HubFiles:
     def files(self, split: str, field_name: str) -> list[str]:
         if split not in self.splits:
             raise UserError(
-                f"dataset.{field_name}: split {split!r} does not exist; the dataset has {', '.join(sorted(self.splits))}"
+                f"dataset.{field_name}: split {split!r} does not exist; "
+                f"the dataset has {', '.join(sorted(self.splits))}"
             )
         return self.splits[split]
 
@@ -134,7 +136,8 @@ def resolve_parquet_files(hub_id: str, *, config_name: str | None, revision: str
     except Exception as error:  # gated/unauthorised datasets surface as hub HTTP errors
         if "gated" in str(error).lower() or "401" in str(error) or "403" in str(error):
             raise UserError(
-                f"dataset: {hub_id} is gated: accept its terms on the hub and export HF_TOKEN with a token that has access"
+                f"dataset: {hub_id} is gated: accept its terms on the hub and export HF_TOKEN "
+                "with a token that has access"
             ) from None
         raise
     data_files = builder.config.data_files if not isinstance(builder, dict) else builder
@@ -142,7 +145,8 @@ def resolve_parquet_files(hub_id: str, *, config_name: str | None, revision: str
     splits = {str(split): sorted(str(f) for f in files) for split, files in data_files.items()}
     splits = {split: files for split, files in splits.items() if files}
     if not splits or not all(f.endswith(".parquet") for files in splits.values() for f in files):
-        raise UserError(f"dataset: {local or hub_id} has no parquet files to stream (found {sum(map(len, splits.values()))} files)")
+        raise UserError(f"dataset: {local or hub_id} has no parquet files to stream "
+                        f"(found {sum(map(len, splits.values()))} files)")
     info = getattr(builder, "info", None)
     features = info.features.to_dict() if info is not None and info.features is not None else None
     filesystem = None

@@ -55,7 +55,8 @@ def _first_image(files: list[str], filesystem, column: str):
         parquet = pq.ParquetFile(filesystem.open_input_file(path) if filesystem else path)
         if column not in parquet.schema_arrow.names:
             raise UserError(
-                f"dataset.image_column: {column!r} is not a column of {path}; columns: {', '.join(parquet.schema_arrow.names)}"
+                f"dataset.image_column: {column!r} is not a column of {path}; "
+                f"columns: {', '.join(parquet.schema_arrow.names)}"
             )
         for group in range(parquet.num_row_groups):
             cells = parquet.read_row_group(group, columns=[column]).column(0).to_pylist()
@@ -161,7 +162,8 @@ def load_hub_images(cfg: HubImageConfig, seed: int) -> TaskData:
         val_split = cfg.val_split or (preset.val_split if preset else next(
             (s for s in ("validation", "valid", "val", "test") if s in hub.splits), None))
         if val_split is None:
-            raise UserError(f"dataset.val_split: {hub_id} has only {', '.join(hub.splits)}; set val_split or val_fraction")
+            raise UserError(f"dataset.val_split: {hub_id} has only {', '.join(hub.splits)}; "
+                            "set val_split or val_fraction")
         val_files = hub.files(val_split, "val_split")
 
     def counts():
@@ -270,8 +272,8 @@ def load_image_folder(cfg: ImageFolderConfig, seed: int) -> TaskData:
         return ds.map_batches(_label_from_path, fn_kwargs=kwargs, batch_format="numpy")
 
     return image_task(
-        cfg, rows(_seeded_order(train_items, seed), cfg.path), rows(val_items, cfg.val_path or cfg.path), seed=seed, native_size=width,
-        in_chans=in_chans, num_classes=len(classes), image_column="image", label_column="label",
+        cfg, rows(_seeded_order(train_items, seed), cfg.path), rows(val_items, cfg.val_path or cfg.path), seed=seed,
+        native_size=width, in_chans=in_chans, num_classes=len(classes), image_column="image", label_column="label",
         num_train=len(train_items), num_val=len(val_items),
         params={"source": "image_folder", "classes": len(classes),
                 "val_split": "val_path" if cfg.val_path else f"hold-out {cfg.val_fraction}"},

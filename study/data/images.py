@@ -111,7 +111,8 @@ def random_resized_boxes(rng: np.random.Generator, sizes: np.ndarray, scale, rat
     left = np.floor(u_left[rows, first] * (width[:, 0] - w + 1))
     # fallback: the whole image, cropped centrally to the nearest allowed aspect ratio
     in_ratio = width[:, 0] / height[:, 0]
-    fw = np.where(in_ratio < ratio[0], width[:, 0], np.where(in_ratio > ratio[1], np.round(height[:, 0] * ratio[1]), width[:, 0]))
+    fw = np.where(in_ratio < ratio[0], width[:, 0],
+                  np.where(in_ratio > ratio[1], np.round(height[:, 0] * ratio[1]), width[:, 0]))
     fh = np.where(in_ratio < ratio[0], np.round(width[:, 0] / ratio[0]), height[:, 0])
     w, h = np.where(ok, w, fw), np.where(ok, h, fh)
     top = np.where(ok, top, (height[:, 0] - h) // 2)

@@ -142,7 +142,8 @@ class TaskData:
 
     def val_batches(self, shard, *, batch_size: int, device) -> Iterator[dict[str, torch.Tensor]]:
         """Every row of the shard once, in a fixed order (images: resize + centre crop, done in Ray Data)."""
-        for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False, device=device, prefetch_batches=2):
+        for batch in shard.iter_torch_batches(batch_size=batch_size, drop_last=False, device=device,
+                                              prefetch_batches=2):
             yield self.batch_steps.evaluate(batch)
 
 

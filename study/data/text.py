@@ -213,7 +213,8 @@ def _ranks_from_file(path: str) -> dict[bytes, int]:
 
 
 def gpt2_available(raise_if_not: bool = False) -> bool:
-    """GPT-2's BPE files are in tiktoken's cache, or their host answers within seconds (tiktoken then downloads them)."""
+    """GPT-2's BPE files are in tiktoken's cache, or their host answers within seconds (tiktoken then downloads
+    them)."""
     if _gpt2_cached() or (not offline_flag() and probe("openaipublic.blob.core.windows.net")[0]):
         return True
     if raise_if_not:
@@ -315,6 +316,7 @@ def doc_hash_fraction(keys: list[bytes], seed: int) -> np.ndarray:
     """A uniform number in [0, 1) per key, fixed by (key, seed): the streaming-friendly hold-out split."""
     salt = seed.to_bytes(8, "little", signed=True)
     return np.array(
-        [int.from_bytes(hashlib.blake2b(key, digest_size=8, salt=salt[:8]).digest(), "little") / 2.0**64 for key in keys],
+        [int.from_bytes(hashlib.blake2b(key, digest_size=8, salt=salt[:8]).digest(), "little") / 2.0**64
+         for key in keys],
         dtype=np.float64,
     )

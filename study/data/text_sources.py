@@ -167,7 +167,8 @@ def _text_paths(path: str, field_name: str) -> tuple[list[str], str]:
         raise UserError(f"dataset.{field_name}: no .txt, .jsonl or .parquet files at {path}")
     kinds = sorted({os.path.splitext(f)[1].lower() for f in files})
     if len(kinds) > 1 or kinds[0] not in TEXT_EXTENSIONS:
-        raise UserError(f"dataset.{field_name}: expected one kind of .txt, .jsonl or .parquet files, found {', '.join(kinds)}")
+        raise UserError(f"dataset.{field_name}: expected one kind of .txt, .jsonl or .parquet files, "
+                        f"found {', '.join(kinds)}")
     return files, kinds[0]
 
 

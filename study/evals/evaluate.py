@@ -5,8 +5,8 @@ adapter), with its task definitions: the harness's own, or YAML configs in `incl
 precedence over a harness task of the same name (so `--include-path` gives `arc_easy` over a local copy of the data).
 A harness task reads its data from the Hugging Face hub; when the hub cannot be reached such a task fails before
 anything runs, naming `--include-path`. `humaneval` runs through study/evals/humaneval.py (generation by the adapter,
-execution by the sandbox), and only where the command line says `--allow-code-execution`; `gsm8k_chat`, GSM8K as nanochat scores a chat model
-(sampled completions with the calculator tool, pass@k), through study/evals/gsm8k.py.
+execution by the sandbox), and only where the command line says `--allow-code-execution`; `gsm8k_chat`, GSM8K as
+nanochat scores a chat model (sampled completions with the calculator tool, pass@k), through study/evals/gsm8k.py.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def harness_task_manager(names: Iterable[str], include_path: Iterable[Path] = ()
     hint = ("give --include-path DIR with a task config of that name over local data (lm_eval's YAML format; "
             "tests/fixtures/evals/ has examples; docs/evals.md)")
     if not include_defaults:
-        raise UserError(f"--tasks {','.join(rest)}: not defined in --include-path ({', '.join(paths) or 'none'}); {hint}")
+        raise UserError(f"--tasks {','.join(rest)}: not defined in --include-path ({', '.join(paths) or 'none'}); "
+                        f"{hint}")
     reachable, why = hub_reachable()
     if not reachable:
         raise UserError(f"--tasks {','.join(rest)}: lm_eval's task{'s read' if len(rest) > 1 else ' reads'} its data "
@@ -67,8 +68,8 @@ def harness_task_manager(names: Iterable[str], include_path: Iterable[Path] = ()
     manager = TaskManager(include_path=paths or None)
     unknown = [n for n in rest if n not in manager.all_tasks]
     if unknown:
-        raise UserError(f"--tasks {','.join(unknown)}: no such lm_eval task (e.g. arc_easy, arc_challenge, mmlu, gsm8k, "
-                        f"{', '.join(OWN_TASKS)}); see `lm_eval ls tasks` or --include-path")
+        raise UserError(f"--tasks {','.join(unknown)}: no such lm_eval task (e.g. arc_easy, arc_challenge, mmlu, "
+                        f"gsm8k, {', '.join(OWN_TASKS)}); see `lm_eval ls tasks` or --include-path")
     return manager
 
 

@@ -105,7 +105,8 @@ def _value(node: ast.AST, arithmetic: bool):
 # ---- sampling with the tool -----------------------------------------------------------------------------------------
 
 class ChatText:
-    """Text and the chat tokens of a tokenizer with `chat` (study/data/text.py), as nanochat's tokenizer renders them."""
+    """Text and the chat tokens of a tokenizer with `chat` (study/data/text.py), as nanochat's tokenizer renders
+    them."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.plain = tokenizer, TextTokenizer(tokenizer)

@@ -31,7 +31,8 @@ class GeometrySpec(BaseModel):
 
     every: int = Field(0, ge=0, description="also compute geometry every N epochs (0: only after the last epoch)")
     at_epochs: tuple[int, ...] = Field((), description="also at these epochs: the study's ASHA rungs, so that a "
-                                                       "trial stopped there has its geometry at the epoch it was judged")
+                                                       "trial stopped there has its geometry at the epoch it was "
+                                                       "judged")
     max_batches: int | None = Field(None, ge=1, description="validation batches used for geometry (None: all)")
     top_targets: int = Field(32, ge=2, description="language models: tokens grouped by their K most frequent targets")
     pca_points: int = Field(2000, ge=10, description="tokens in the seeded reservoir drawn in geometry/pca.png")
