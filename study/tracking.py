@@ -22,13 +22,14 @@ import hashlib
 import json
 import logging
 import math
+import os
 import re
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
@@ -132,6 +133,19 @@ def without_credentials(uri: str) -> str:
     """The tracking URI as study.json keeps it: no user or password (pass them again, or through the
     MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD variables)."""
     return _CREDENTIALS.sub(r"\1", uri)
+
+
+def credentials_to_environment(uri: str) -> str:
+    """The URI without the basic-auth user and password written into it (http://user:password@host), which go to this
+    process's MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD instead (MLflow's client reads them at each call):
+    MLflow's own warnings quote the URL they failed on, and a Train worker's output reaches the driver's and
+    `ray job logs`."""
+    parsed = urlparse(uri)
+    if parsed.username is None:
+        return uri
+    os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parsed.username)
+    os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parsed.password or "")
+    return without_credentials(uri)
 
 
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:
@@ -304,7 +318,8 @@ class RunLogger:
         self._warned = False
         self._ready = False
         self._failed = False  # the last call failed: the next one checks that the server answers first
-        self._client = MlflowClient(target.tracking_uri) if target.tracking_uri else None
+        self.tracking_uri = credentials_to_environment(target.tracking_uri) if target.tracking_uri else None
+        self._client = MlflowClient(self.tracking_uri) if self.tracking_uri else None
         self._system_metrics = system_metrics
         self._monitor = None
         self._connect()
@@ -319,7 +334,7 @@ class RunLogger:
         if not self.enabled:
             return False
         if self._failed:
-            if not server_answers(self.target.tracking_uri):
+            if not server_answers(self.tracking_uri):
                 return False
             self._failed = False
         if self._ready:
@@ -418,7 +433,7 @@ class RunLogger:
 
     def _start_monitor(self, *, resume: bool) -> None:
         self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SYSTEM_METRICS_EVERY_S,
-                                             resume_logging=resume, tracking_uri=self.target.tracking_uri)
+                                             resume_logging=resume, tracking_uri=self.tracking_uri)
         self._monitor.start()
         self._first_step = self._monitor._logging_step
 

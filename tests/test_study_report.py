@@ -147,7 +147,9 @@ def test_the_optuna_journal_holds_each_configurations_replicate_mean(study):
         assert trial.params == pytest.approx(group["values"])
         finals = [group["final"][seed]["val_acc"] for seed in (0, 1)]
         assert trial.value == pytest.approx(sum(finals) / 2, abs=1e-12)
-        assert sorted(trial.intermediate_values) == list(range(1, EPOCHS + 1))
+        # Every epoch both seeds reported before the sampler's last saved state or after the resume (a result that
+        # reached only the killed driver's sampler is not told again); the last always.
+        assert EPOCHS in trial.intermediate_values and set(trial.intermediate_values) <= set(range(1, EPOCHS + 1))
         # Ray's local records of a trial the kill cut short start where it resumed; the journal was written live
         by_epoch = [{r["epoch"]: r["val_acc"] for r in study.rows[t]} for t in replicates]
         both = set(by_epoch[0]) & set(by_epoch[1])

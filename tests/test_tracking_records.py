@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -86,3 +87,30 @@ def test_the_study_run_holds_the_best_metrics_and_links_each_best_run(store):
     note = run.data.tags["mlflow.note.content"]
     assert note.startswith("Best: lr=0.2: val_acc 0.5625")
     assert f"[trial b0](#/experiments/{experiment}/runs/r0)" in note and f"(#/experiments/{experiment}/runs/r1)" in note
+
+
+def test_a_run_logger_keeps_credentials_out_of_the_uri_mlflow_quotes(monkeypatch, caplog):
+    """Basic-auth credentials written into the tracking URI reach MLflow through its variables, not the URL it quotes
+    in its warnings (a Train worker's warnings reach the driver's output and `ray job logs`)."""
+    import logging
+    import socket
+
+    from study.tracking import credentials_to_environment
+
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(name, "")  # recorded, so that what the logger sets is undone after the test
+        monkeypatch.delenv(name)
+    assert credentials_to_environment("http://lap%40user:s3cret%2Fpw@example.org:5000") == "http://example.org:5000"
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "lap@user"
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret/pw"
+    assert credentials_to_environment("sqlite:///x/mlflow.db") == "sqlite:///x/mlflow.db"
+
+    with socket.socket() as probe:  # a port nothing listens on: every call fails, and MLflow says so
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    caplog.set_level(logging.DEBUG)
+    logger = RunLogger(TrackingTarget(f"http://lapuser:hunter2-pw@127.0.0.1:{port}", "0", "trial_t", "t", "s"),
+                       {"lr": "0.1"}, "lr: 0.1\n")
+    assert logger.run_id is None and logger.tracking_uri == f"http://127.0.0.1:{port}"
+    assert logger._client.tracking_uri == logger.tracking_uri  # what every call of the logger and its monitor uses
+    assert caplog.records and "hunter2-pw" not in caplog.text
