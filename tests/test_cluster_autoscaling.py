@@ -13,7 +13,6 @@ reports its cluster config puts them, are read the same way.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -116,15 +115,18 @@ def cluster(tmp_path_factory, launcher_config):
     bootstrap = home / "ray_bootstrap_config.yaml"
     bootstrap.write_text(json.dumps(launcher_config))  # `ray up` writes it as JSON
     head = launcher_config["available_node_types"]["head"]["resources"]
+    ray.shutdown()  # an in-process Ray instance another module left (the data tests share one) would be joined
     with private_ray_tmp("lsa") as ray_tmp:
         patch = pytest.MonkeyPatch()
         patch.setenv("RAY_TMPDIR", str(ray_tmp))
-        patch.setenv("HOME", str(home))
         cluster = Cluster(shutdown_at_exit=False)
         try:
             cluster.add_node(num_cpus=head["CPU"], resources={DRIVER_NODE_RESOURCE: head[DRIVER_NODE_RESOURCE]},
                              include_dashboard=False, dashboard_port=free_port())
             ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+            # Read from the test's home by path: Ray's nodes keep the real home, where its token lives (a node
+            # started under another home in a process that had run Ray never came up).
+            cluster.bootstrap_config = str(bootstrap)
             yield cluster
         finally:
             ray.shutdown()
@@ -139,7 +141,7 @@ def _reported() -> tuple[dict, list[dict]]:
 @pytest.mark.slow
 def test_accepted_before_the_first_gpu_worker_joins_and_after_and_refused_beyond_every_node_type(
         cluster, launcher_config):
-    types = declared_node_types()  # the GCS holds no cluster config here: the launcher's file on the head
+    types = declared_node_types(cluster.bootstrap_config)  # no cluster config in the GCS: the launcher's file
     assert types == from_autoscaling_config(launcher_config)
     totals, nodes = _reported()
     assert totals.get("GPU", 0) == 0 and totals.get("CPU", 0) == 0, "only the head, which trains nothing, is up"
@@ -155,10 +157,10 @@ def test_accepted_before_the_first_gpu_worker_joins_and_after_and_refused_beyond
         assert time.monotonic() < deadline, "the GPU node never joined"
         time.sleep(0.2)
     totals, nodes = _reported()
-    assert trial_concurrency(GPU_TRIAL, totals, nodes, 8, node_types=declared_node_types()) == 8
+    assert trial_concurrency(GPU_TRIAL, totals, nodes, 8, node_types=declared_node_types(cluster.bootstrap_config)) == 8
     assert trials_that_fit(GPU_TRIAL, [(node, 1) for node in nodes]) == 1  # what runs at once until more join
     with pytest.raises(UserError, match=r"^--max-concurrent 10: only 9 trial"):
-        trial_concurrency(GPU_TRIAL, totals, nodes, 10, node_types=declared_node_types())
+        trial_concurrency(GPU_TRIAL, totals, nodes, 10, node_types=declared_node_types(cluster.bootstrap_config))
 
 
 @pytest.mark.slow
@@ -172,7 +174,7 @@ def test_node_types_an_autoscaler_reports_to_the_gcs_come_first(cluster):
         group.resources.update(resources)
     ray._private.worker.global_worker.gcs_client.report_cluster_config(config.SerializeToString())
     try:
-        types = declared_node_types()
+        types = declared_node_types(cluster.bootstrap_config)
         assert types == from_cluster_config(config)
         assert {t.name: t.max_count for t in types} == {"head": 1, "gpu": None}
         totals, nodes = _reported()
@@ -181,8 +183,8 @@ def test_node_types_an_autoscaler_reports_to_the_gcs_come_first(cluster):
     finally:
         ray._private.worker.global_worker.gcs_client.report_cluster_config(
             autoscaler_pb2.ClusterConfig().SerializeToString())
-    assert declared_node_types() == from_autoscaling_config(json.loads(
-        Path(os.path.expanduser("~/ray_bootstrap_config.yaml")).read_text()))
+    assert declared_node_types(cluster.bootstrap_config) == from_autoscaling_config(json.loads(
+        Path(cluster.bootstrap_config).read_text()))
 
 
 # ---- the progress line --------------------------------------------------------------------------------------------

@@ -272,35 +272,6 @@ print(mlflow.models.get_model_info("models:/e2e/1").signature.inputs.to_dict())
     assert "(-1, 1, 8, 8)" in inputs and "float32" in inputs
 
 
-def test_a_ray_job_whose_runtime_environment_sets_hf_token_runs_a_study(vit_study, tmp_path):
-    """`ray job submit --runtime-env-json '{"env_vars": {"HF_TOKEN": ...}}' -- lapstudy run ...`, as docs/cluster.md
-    submits a study, on a local cluster through Ray's job API: Ray used to refuse the driver's own runtime
-    environment beside the job's (both set the variable); the study runs, and the token is in none of its output."""
-    import time
-
-    import ray
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    from study_fixtures import LAPSTUDY
-
-    token = "hf_e2eJobToken0123456789"
-    write_yaml(tmp_path / "job.yaml", {**VIT_SPACE, "name": "job", "epochs": 1, "num_samples": 1,
-                                       "scheduler": "none", "points_to_evaluate": [GOOD]})
-    client = JobSubmissionClient(f"http://{ray._private.worker.get_dashboard_url()}")
-    job = client.submit_job(
-        entrypoint=f"cd {tmp_path} && {LAPSTUDY} run job.yaml --storage studies --address $RAY_ADDRESS",
-        runtime_env={"env_vars": {"HF_TOKEN": token, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}})
-    deadline = time.monotonic() + 600
-    while (status := client.get_job_status(job)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
-        assert time.monotonic() < deadline, client.get_job_logs(job)[-3000:]
-        time.sleep(2)
-    logs = client.get_job_logs(job)
-    assert status == JobStatus.SUCCEEDED, logs[-3000:]
-    assert "1 completed" in logs and token not in logs
-    [(_, rows)] = tune_trials(tmp_path / "studies" / "job").items()
-    assert rows[-1]["epoch"] == 1
-
-
 def test_sync_finds_mlflow_in_order(vit_study):
     done = lapstudy("sync", "./studies/e2e", timeout=120, cwd=vit_study["root"])
     assert done.returncode == 0 and "match Ray's records" in done.stdout, done.stdout + done.stderr
