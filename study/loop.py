@@ -243,7 +243,7 @@ def _open_run(target: TrackingTarget | None, spec: RunSpec, num_params: int, dat
     if target is None:
         return None
     logger = RunLogger(target, run_params(spec, num_params, data_params), dump_yaml(spec.document()),
-                       datasets=[dataset_input(spec.dataset.model_dump(mode="json"))], system_metrics=True)
+                       datasets=[dataset_input(spec.dataset)], system_metrics=True)
     for past in state.history:
         logger.log_epoch(past["epoch"], past)
     state.mlflow_run_id = logger.run_id or state.mlflow_run_id

@@ -95,7 +95,7 @@ def _sync_trial(folder: StudyFolder, tracking_uri: str, experiment_id: str, reco
         target = TrackingTarget(tracking_uri, experiment_id, record.name, record.trial_id, folder.name,
                                 parent_run_id=find_study_run(client, experiment_id), tags=replicate)
         logger = RunLogger(target, run_params(spec, num_params), dump_yaml(spec.document()),
-                           datasets=[dataset_input(spec.dataset.model_dump(mode="json"))])
+                           datasets=[dataset_input(spec.dataset)])
         if logger.run_id is None:
             raise ConnectionError("the run could not be created")
         run_id = logger.run_id

@@ -263,7 +263,7 @@ def run_params(spec: RunSpec, num_params: int, data: dict | None = None) -> dict
     return flat_params(spec.hyperparameters, extra)
 
 
-def dataset_input(dataset: dict) -> DatasetInput:
+def dataset_input(config) -> DatasetInput:
     """The run's data as MLflow records datasets (mlflow.log_input): a name, its source (a hub repository, a local or
     remote path, or the project's own generator for the built-in sources) and a digest of the dataset as configured,
     so that runs on the same data share it (what it resolved to, split sizes and tokenizer, is in the `data.*`
@@ -273,7 +273,8 @@ def dataset_input(dataset: dict) -> DatasetInput:
     from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
 
-    hub = dataset.get("hub_id") or (dataset.get("name") if dataset.get("source") == "hf" else None)
+    dataset = config.model_dump(mode="json")
+    hub = getattr(config, "hub_id", None)  # the source's own answer (a hub image preset names its repository)
     path = dataset.get("local_dir") or dataset.get("path")
     if path:
         with warnings.catch_warnings():  # a local path matches the local-artifact source twice: the same one

@@ -11,15 +11,22 @@ import os
 import pytest
 from mlflow.tracking import MlflowClient
 
+from study.data.config import DatasetConfig
+from study.errors import validate
 from study.results import TrialRecord, study_best
 from study.status import TrialStatus
 from study.tracking import RunLogger, TrackingTarget, dataset_input, ensure_experiment, record_study_best
 
-DIGITS = {"source": "digits", "image_size": None, "split_seed": 0, "val_fraction": 0.2}
+DIGITS = {"source": "digits"}
+
+
+def _config(dataset: dict):
+    return validate(DatasetConfig, dataset)
 
 
 def _digest(dataset: dict) -> str:
-    return hashlib.sha256(json.dumps(dataset, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    described = _config(dataset).model_dump(mode="json")  # the dataset as configured, defaults included
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 @pytest.fixture
@@ -29,9 +36,10 @@ def store(tmp_path):
 
 
 def test_each_kind_of_source_is_named_by_what_mlflow_knows_of_it(tmp_path):
-    built_in, local, hub = (dataset_input(d).dataset for d in (
+    built_in, local, hub, preset = (dataset_input(_config(d)).dataset for d in (
         DIGITS, {"source": "parquet", "path": str(tmp_path / "shards")},
-        {"source": "wikitext103", "hub_id": "Salesforce/wikitext", "config_name": "wikitext-103-raw-v1"}))
+        {"source": "wikitext103", "hub_id": "Salesforce/wikitext", "config_name": "wikitext-103-raw-v1"},
+        {"source": "hf", "name": "cifar100"}))
     assert (built_in.name, built_in.source_type, json.loads(built_in.source)) == (
         "digits", "code", {"tags": {"lapstudy.source": "digits"}})
     assert (local.name, local.source_type) == ("parquet:shards", "local")
@@ -39,15 +47,16 @@ def test_each_kind_of_source_is_named_by_what_mlflow_knows_of_it(tmp_path):
     assert (hub.name, hub.source_type) == ("wikitext103:Salesforce/wikitext", "hugging_face")
     assert json.loads(hub.source)["path"] == "Salesforce/wikitext"
     assert json.loads(hub.source)["config_name"] == "wikitext-103-raw-v1"
+    assert (preset.name, json.loads(preset.source)["path"]) == ("hf:uoft-cs/cifar100", "uoft-cs/cifar100")
     assert built_in.digest == _digest(DIGITS)
-    assert dataset_input({**DIGITS, "split_seed": 1}).dataset.digest != built_in.digest
+    assert dataset_input(_config({**DIGITS, "split_seed": 1})).dataset.digest != built_in.digest
 
 
 def test_a_trial_run_records_its_dataset_as_an_input_not_as_params(store):
     uri, experiment = store
     logger = RunLogger(TrackingTarget(uri, experiment, "trial_t1", "t1", "records"),
                        {"lr": "0.001", "data.train": "1437"},
-                       "lr: 0.001\n", datasets=[dataset_input(DIGITS)])
+                       "lr: 0.001\n", datasets=[dataset_input(_config(DIGITS))])
     logger.close()
     run = MlflowClient(uri).get_run(logger.run_id)
     [given] = run.inputs.dataset_inputs
