@@ -28,7 +28,8 @@ def schema_sections() -> dict[str, list[tuple[str, type[BaseModel]]]]:
     from a search space or a run config has a table (tests/test_docs.py holds it)."""
     from study.data.config import SOURCE_CONFIGS, ChatPart
     from study.runspec import EvaluationSpec, Resources, RunSpec, StageSpec, TrainConfig
-    from study.space import Categorical, ConditionalGroup, FloatRange, IntRange, Sampler, Scheduler, SearchSpace
+    from study.space import Sampler, Scheduler, SearchSpace
+    from study.space_parameters import Categorical, ConditionalGroup, FloatRange, IntRange
     from study.tasks import TASKS, GeometrySpec
 
     def source_name(config) -> str:

@@ -27,6 +27,7 @@ from study.runspec import Resources, complete_hyperparameters
 from study.search import JOURNAL_FILE, make_scheduler, make_searcher
 from study.session import DRIVER_FILE, previous_driver, record_driver
 from study.space import SearchSpace
+from study.space_corners import check_configs
 from study.status import TrialStatus
 from study.storage import join
 from study.sync import sync_runs
@@ -194,7 +195,7 @@ def _check_space(space: SearchSpace, resources: Resources, task_data: TaskData |
                                             epochs=space.epochs)
         plan_run(space.run_spec(complete, resources), task_data)
 
-    space.check_configs(task_data.model_overrides, check=fits_the_data)
+    check_configs(space, task_data.model_overrides, check=fits_the_data)
 
 
 def _tracking_uri(options: RunOptions, stored: StudyRecord | None, folder: StudyFolder) -> str | None:

@@ -14,6 +14,7 @@ import itertools
 from study.errors import UserError
 from study.precheck import RunOptions
 from study.space import SearchSpace
+from study.space_corners import corner_configs
 
 
 def configurations(space: SearchSpace) -> tuple[str, list[dict]]:
@@ -22,7 +23,7 @@ def configurations(space: SearchSpace) -> tuple[str, list[dict]]:
         grid = space.grid()
         return "grid points", [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     return (f"extreme configurations ({space.sampler.kind} samples between them)",
-            [sampled for sampled, _ in space._corner_configs()])
+            [sampled for sampled, _ in corner_configs(space)])
 
 
 def _model_line(model_config: dict) -> str:

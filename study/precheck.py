@@ -15,6 +15,7 @@ from study.errors import UserError
 from study.evals.humaneval import check_code_execution
 from study.runspec import Resources, RunSpec, check_run_config, load_run_spec
 from study.space import SearchSpace, load_space
+from study.space_corners import check_configs
 from study.storage import check_reachable
 
 
@@ -43,7 +44,7 @@ def check_study(options: RunOptions) -> tuple[SearchSpace, str]:
     name = options.name or space.name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise UserError(f"--name {name!r}: use letters, digits, '_', '.' and '-' (it names a folder)")
-    space.check_configs(before_data=True)
+    check_configs(space, before_data=True)
     check_code_execution(space, options.allow_code_execution, f"search space {options.space}")
     check_reachable(options.storage)
     return space, name

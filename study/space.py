@@ -3,16 +3,17 @@
 A space names the task and data, the metric(s) and mode(s), the sampler and scheduler, fixed hyperparameters,
 searched parameters (categorical, int, float, log-float) and conditional groups whose parameters exist only when an
 earlier parameter takes certain values (sampled define-by-run with Optuna). See docs/study.md for the format.
+The parameter types and conditional groups are in study/space_parameters.py; the checks that build the configs of
+the space's extreme points before a study starts are in study/space_corners.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from study.data import DatasetConfig
 from study.errors import UserError, validate
@@ -22,167 +23,36 @@ from study.runspec import (
     Resources,
     RunSpec,
     StageSpec,
-    apply_data_overrides,
     check_data_kind,
     check_evaluation,
     check_hyperparameter_names,
     check_loss,
-    check_run_config,
     check_stages,
     complete_hyperparameters,
+)
+from study.space_parameters import (
+    Categorical,
+    ConditionalGroup,
+    FloatRange,
+    Parameter,
+    Scalar,
+    StrictModel,
+    shorthand_parameters,
 )
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
 
-Scalar = Union[bool, int, float, str, None]
-
 MULTI_OBJECTIVE_SAMPLERS = ("tpe", "random", "nsga2", "grid")
-# Validation tries every combination of the parameters' extreme values up to this many, then one at a time.
-MAX_CORNER_COMBINATIONS = 4096
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Categorical(_Strict):
-    type: Literal["categorical"]
-    choices: list[Scalar] = Field(
-        min_length=1, description="the values to choose from (numbers, strings, booleans, null)"
-    )
-
-    @field_validator("choices")
-    @classmethod
-    def _distinct(cls, choices):
-        keyed = [(type(c).__name__, c) for c in choices]
-        if len(set(keyed)) != len(keyed):
-            raise ValueError(f"choices must be distinct, got {choices}")
-        return choices
-
-    def suggest(self, trial, name):
-        return trial.suggest_categorical(name, self.choices)
-
-    def contains(self, value) -> bool:
-        return any(type(value) is type(c) and value == c for c in self.choices)
-
-    def corners(self) -> list:
-        return list(self.choices)
-
-    def grid(self) -> list:
-        return list(self.choices)
-
-    def describe(self) -> str:
-        return f"one of {self.choices}"
-
-
-class IntRange(_Strict):
-    type: Literal["int"]
-    low: int = Field(description="smallest value")
-    high: int = Field(description="largest value (included)")
-    step: int = Field(1, ge=1, description="spacing of the values from low")
-    log: bool = Field(False, description="sample on a log scale")
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
-        if self.log and (self.low < 1 or self.step != 1):
-            raise ValueError("log: true needs low >= 1 and step 1")
-        if (self.high - self.low) % self.step:
-            raise ValueError(f"high - low ({self.high - self.low}) must be a multiple of step ({self.step})")
-        return self
-
-    def suggest(self, trial, name):
-        return trial.suggest_int(name, self.low, self.high, step=self.step, log=self.log)
-
-    def contains(self, value) -> bool:
-        return (
-            isinstance(value, int) and not isinstance(value, bool) and self.low <= value <= self.high
-            and (value - self.low) % self.step == 0
-        )
-
-    def corners(self) -> list:
-        return sorted({self.low, self.high})
-
-    def grid(self) -> list:
-        return list(range(self.low, self.high + 1, self.step))
-
-    def describe(self) -> str:
-        return f"an integer in {self.low}..{self.high}" + (f" in steps of {self.step}" if self.step > 1 else "")
-
-
-class FloatRange(_Strict):
-    type: Literal["float", "log_float"]
-    low: float = Field(description="smallest value (log_float: > 0)")
-    high: float = Field(description="largest value")
-    step: float | None = Field(None, gt=0, description="spacing of the values from low (None: continuous)")
-
-    @model_validator(mode="after")
-    def _check(self):
-        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low > self.high:
-            raise ValueError(f"low ({self.low}) must be <= high ({self.high}), both finite")
-        if self.type == "log_float":
-            if self.low <= 0:
-                raise ValueError(f"log_float needs low > 0, got {self.low}")
-            if self.step is not None:
-                raise ValueError("log_float takes no step")
-        return self
-
-    def suggest(self, trial, name):
-        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.type == "log_float")
-
-    def contains(self, value) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool) and self.low <= value <= self.high
-
-    def corners(self) -> list:
-        return sorted({self.low, self.high})
-
-    def grid(self) -> list:
-        raise UserError("sampler grid: float parameters have no grid; make them categorical")
-
-    def describe(self) -> str:
-        return f"a number in [{self.low}, {self.high}]" + (" (log scale)" if self.type == "log_float" else "")
-
-
-Parameter = Annotated[Union[Categorical, IntRange, FloatRange], Field(discriminator="type")]
-
-
-def _shorthand_parameters(value):
-    """``k: [0, 3, 6]`` is short for ``k: {type: categorical, choices: [0, 3, 6]}``."""
-    if isinstance(value, dict):
-        return {k: {"type": "categorical", "choices": v} if isinstance(v, list) else v for k, v in value.items()}
-    return value
-
-
-class ConditionalGroup(_Strict):
-    """Parameters (and fixed values) that exist only when earlier parameters take the listed values."""
-
-    when: dict[str, Scalar | list[Scalar]] = Field(
-        min_length=1, description="parameter values (one, or a list of them) under which the group applies"
-    )
-    parameters: dict[str, Parameter] = Field(
-        default_factory=dict, description="parameters sampled only when the group applies"
-    )
-    fixed: dict[str, Any] = Field(default_factory=dict, description="values set only when the group applies")
-
-    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
-
-    def active(self, values: dict) -> bool:
-        for name, allowed in self.when.items():
-            options = allowed if isinstance(allowed, list) else [allowed]
-            if name not in values or not any(type(values[name]) is type(o) and values[name] == o for o in options):
-                return False
-        return True
-
-
-class Sampler(_Strict):
+class Sampler(StrictModel):
     kind: Literal["tpe", "random", "grid", "cmaes", "nsga2"] = "tpe"
     seed: int | None = Field(None, description="sampler seed (default: the study seed)")
     n_startup_trials: int | None = Field(None, ge=0, description="tpe/cmaes: random trials before modelling starts")
     population_size: int | None = Field(None, ge=2, description="nsga2: population size")
 
 
-class Scheduler(_Strict):
+class Scheduler(StrictModel):
     kind: Literal["asha", "geometry", "none"] = "asha"
     grace_period: int = Field(1, ge=1, description="asha, geometry: epochs every trial runs before it can be stopped")
     reduction_factor: float = Field(2.0, gt=1, description="asha, geometry: keep the top 1/reduction_factor at each "
@@ -206,7 +76,7 @@ def _kind_shorthand(value):
     return {"kind": value} if isinstance(value, str) else value
 
 
-class SearchSpace(_Strict):
+class SearchSpace(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study name (default folder and experiment)")
     description: str = Field("", description="free text, recorded with the study")
     task: str = Field(description=f"a registered task (study/tasks): {', '.join(TASKS)}")
@@ -239,7 +109,7 @@ class SearchSpace(_Strict):
     evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the first stage ends "
                                                                      "(language models; a later stage has its own)")
 
-    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: _shorthand_parameters(v)))
+    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: shorthand_parameters(v)))
     _sampler = field_validator("sampler", "scheduler", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
     _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
 
@@ -254,7 +124,7 @@ class SearchSpace(_Strict):
         self._check_replicates()
         losses = self._values_of("loss")
         for loss in losses:
-            check_loss(loss, self.task, self.dataset, self._where().get("loss", "fixed.loss"))
+            check_loss(loss, self.task, self.dataset, self.defined_at().get("loss", "fixed.loss"))
         return self
 
     def _values_of(self, name: str) -> list:
@@ -379,7 +249,7 @@ class SearchSpace(_Strict):
 
     # ---- names and conditions -----------------------------------------------------------------------------------
 
-    def _where(self) -> dict[str, str]:
+    def defined_at(self) -> dict[str, str]:
         """Every hyperparameter name -> where the space defines it (for messages); names are defined once."""
         where: dict[str, str] = {}
 
@@ -400,7 +270,7 @@ class SearchSpace(_Strict):
         return where
 
     def _check_names(self):
-        for name, location in self._where().items():
+        for name, location in self.defined_at().items():
             if name not in HYPERPARAMETER_KEYS:
                 try:
                     check_hyperparameter_names([name], location.rsplit(".", 1)[0])
@@ -515,41 +385,6 @@ class SearchSpace(_Strict):
             provenance=provenance or {},
         )
 
-    def check_configs(self, data_overrides: dict | None = None, check=None, *, before_data: bool = False) -> int:
-        """Build the model and training configs of the extreme points of the space (every combination of the
-        parameters' bounds and choices, conditional groups applied) and of the warm-start points; the first that
-        `models` or the training schema rejects is a UserError naming the parameter. `check(hyperparameters)` may
-        add checks of its own (batch size against the data, say). `before_data=True` is the check made before Ray
-        starts and the data is opened: problems with the keys the data shapes (DATA_SHAPED_KEYS) wait for the
-        full check. Returns how many were checked."""
-        checked = 0
-        for sampled, blame in self._corner_configs():
-            hyperparameters = self.resolve(sampled)
-            self._check_stages(hyperparameters)
-            try:
-                if data_overrides:
-                    hyperparameters = apply_data_overrides(hyperparameters, data_overrides)
-                if check_run_config(hyperparameters, self.task, before_data=before_data) is None:
-                    continue  # a key the data shapes: checked with the data
-                if check is not None:
-                    check(hyperparameters)
-            except UserError as exc:
-                # A fixed key refused at this corner after others built: the sampled values make it fail.
-                message = self._blame(str(exc), sampled, blame, data_overrides or {}, depends_on_sampled=checked > 0)
-                raise UserError(message, field=exc.field) from None
-            checked += 1
-        return checked
-
-    def _check_stages(self, hyperparameters: dict) -> None:
-        """Every later stage's model and training keys (the keys its data shapes wait for its data, which the trial
-        opens when the stage starts); where a stage sizes its steps by param_data_ratio, its steps too, on the
-        model its data is known to give."""
-        run = self.run_spec(hyperparameters, Resources())
-        for i, (_, _, stage) in enumerate(run.stage_runs()[1:]):
-            check_run_config(stage.hyperparameters, stage.task, f"stages[{i}].hyperparameters", before_data=True)
-        if "param_data_ratio" in hyperparameters or any("param_data_ratio" in s.hyperparameters for s in self.stages):
-            self.planned_stages(hyperparameters)
-
     def planned_stages(self, hyperparameters: dict) -> list[tuple[str | None, RunSpec]]:
         """(stage name, what it trains) of a trial with these hyperparameters (`resolve`), each stage's
         hyperparameters completed as its trial completes them, with the model keys its data is known to fix before
@@ -574,87 +409,6 @@ class SearchSpace(_Strict):
                 continue
             planned.append((name, stage.model_copy(update={"hyperparameters": complete})))
         return planned
-
-    def _blame(self, message: str, sampled: dict, blame: str, data_overrides: dict, *,
-               depends_on_sampled: bool = False) -> str:
-        """Point the message at where the space defines the faulty key, with the values that make it fail."""
-        field, _, detail = message.partition(":")
-        field = field.removeprefix("hyperparameters.")
-        where = self._where()
-        if field in where:
-            location = where[field] + (f" = {sampled[field]!r}" if field in sampled else "")
-        else:  # a key the space does not set: it came from a preset or from the data
-            location = f"{blame}: {field}"
-        context = [f"{k}={v!r}" for k, v in sampled.items() if k != field]
-        if field not in where and data_overrides:
-            context += [f"{k}={v!r} (from the dataset)" for k, v in data_overrides.items()]
-        searched = field in sampled or field not in where or depends_on_sampled
-        suffix = f" (with {', '.join(context)})" if context and searched else ""
-        return f"{location}: {detail.strip()}{suffix}"
-
-    def _corner_configs(self):
-        """(sampled values, location to blame) for the points a space must be able to build."""
-        named = [(point, f"points_to_evaluate[{i}]") for i, point in enumerate(self.points_to_evaluate)]
-        if self.baseline is not None:
-            named.append((self.baseline, "baseline"))
-        for point, where in named:
-            sampled = dict(point)
-            for name, value in self._first_values(sampled).items():
-                sampled.setdefault(name, value)
-            yield sampled, where
-        combos = self._all_corners()
-        if combos is None:  # too many: vary one parameter at a time around the first corner
-            base = self._first_values({})
-            for name, p in self._every_parameter():
-                for value in p.corners():
-                    sampled = self._first_values({**base, name: value})
-                    yield {**sampled, name: value}, "parameters"
-        else:
-            for sampled in combos:
-                yield sampled, "parameters"
-
-    def _every_parameter(self):
-        yield from self.parameters.items()
-        for group in self.conditional:
-            yield from group.parameters.items()
-
-    def _first_values(self, given: dict) -> dict:
-        values = {**self.fixed}
-        sampled = {}
-        for name, p in self.parameters.items():
-            sampled[name] = given.get(name, p.corners()[0])
-        values.update(sampled)
-        for group in self.conditional:
-            if group.active(values):
-                values.update(group.fixed)
-                for name, p in group.parameters.items():
-                    sampled[name] = given.get(name, p.corners()[0])
-                values.update(sampled)
-        return sampled
-
-    def _all_corners(self) -> list[dict] | None:
-        results: list[dict] = []
-
-        def expand(partial: dict, values: dict, groups: list[ConditionalGroup]) -> bool:
-            if not groups:
-                results.append(partial)
-                return len(results) <= MAX_CORNER_COMBINATIONS
-            group, rest = groups[0], groups[1:]
-            if not group.active(values):
-                return expand(partial, values, rest)
-            names = list(group.parameters)
-            for combo in itertools.product(*(group.parameters[n].corners() for n in names)):
-                chosen = dict(zip(names, combo))
-                if not expand({**partial, **chosen}, {**values, **group.fixed, **chosen}, rest):
-                    return False
-            return True
-
-        names = list(self.parameters)
-        for combo in itertools.product(*(self.parameters[n].corners() for n in names)):
-            top = dict(zip(names, combo))
-            if not expand(top, {**self.fixed, **top}, list(self.conditional)):
-                return None
-        return results
 
 
 def parse_space(data: Any, where: str = "search space") -> SearchSpace:
