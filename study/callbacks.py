@@ -12,7 +12,7 @@ from study.results import best_records, count_statuses, format_metrics, format_p
 from study.search import JOURNAL_FILE
 from study.space import SearchSpace
 from study.status import TrialStatus, trial_status
-from study.tracking import close_run
+from study.tracking.runs import close_run
 
 PROGRESS_EVERY_S = 30.0
 # A trial Tune has made but not started for this long waits for nodes (the autoscaler's), not for its own start.

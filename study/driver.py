@@ -16,7 +16,7 @@ from study.callbacks import CloseTrialRuns, PushJournal, StudyProgress
 from study.data import TaskData, check_dataset
 from study.errors import UserError
 from study.evals.evaluate import check_evaluations
-from study.folder import SPACE_FILE, StudyFolder, StudyRecord
+from study.folder import SPACE_FILE, StudyFolder, StudyRecord, local_store
 from study.precheck import RunOptions
 from study.preflight import Request, preflight
 from study.provenance import provenance
@@ -31,15 +31,8 @@ from study.space_corners import check_configs
 from study.status import TrialStatus
 from study.storage import join
 from study.sync import sync_runs
-from study.tracking import (
-    close_run,
-    local_store,
-    open_experiment,
-    open_study_run,
-    record_study_best,
-    redact,
-    without_credentials,
-)
+from study.tracking.runs import close_run, open_study_run, record_study_best
+from study.tracking.store import open_experiment, redact, without_credentials
 from study.trainer import plan_run
 from study.trial import StudyContext, trial_driver, trial_name
 

@@ -31,7 +31,7 @@ from study.plots import draw_geometry, draw_layer_history
 from study.runspec import RunSpec, slow_lr_scale
 from study.state import CHECKPOINT_FILE, TrainState
 from study.tasks import StepSettings, Task, task_class
-from study.tracking import RunLogger, TrackingTarget, dataset_input, run_params
+from study.tracking.run_logger import RunLogger, TrackingTarget, dataset_input, run_params
 from study.worker import seed_everything
 from study.yamlio import dump_yaml
 

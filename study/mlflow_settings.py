@@ -1,6 +1,6 @@
 """How the MLflow client of every lapstudy process behaves, where the user has not set otherwise (MLflow reads these
 variables at each call). Applied where a command or a trial's run starts, never on import: `lapstudy`'s entry point
-and the worker's run logger (study/tracking.py `RunLogger`). Its own module so that the entry point sets them
+and the worker's run logger (study/tracking/run_logger.py `RunLogger`). Its own module so that the entry point sets them
 without importing MLflow."""
 
 from __future__ import annotations

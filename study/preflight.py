@@ -20,7 +20,7 @@ from study.node_types import declared_node_types
 from study.resources import trial_concurrency, trials_that_fit
 from study.runspec import Resources
 from study.session import DriverRecord, end_session
-from study.tracking import check_store
+from study.tracking.store import check_store
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from study.errors import UserError
 from study.evals.load import resolve_run, trained_model
 from study.folder import StudyFolder
 from study.runspec import load_run_spec
-from study.tracking import redact, short_error
+from study.tracking.store import redact, short_error
 
 MODELS_PACKAGE = Path(models.__file__).resolve().parent
 # torch.export fixes a dimension of size 1 in the graph: two examples leave the batch free, as the signature says.

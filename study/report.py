@@ -45,7 +45,8 @@ from study.space import SearchSpace
 from study.stats import PairedDifference, RankCorrelation, Summary, rank_correlation
 from study.status import TrialStatus
 from study.tasks import task_class
-from study.tracking import find_study_run, short_error
+from study.tracking.runs import find_study_run
+from study.tracking.store import short_error
 
 log = logging.getLogger(__name__)
 

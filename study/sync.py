@@ -10,11 +10,12 @@ from mlflow.tracking import MlflowClient
 
 from study.bookkeeping import CONFIG_ID, REPLICATE, TUNE_ADDED
 from study.errors import UserError, validate
-from study.folder import StudyFolder
+from study.folder import StudyFolder, local_store
 from study.results import TrialRecord, load_records, trial_rows
 from study.runspec import RunSpec
 from study.status import TrialStatus
-from study.tracking import (
+from study.tracking.run_logger import RunLogger, TrackingTarget, dataset_input, epoch_metrics, run_params
+from study.tracking.runs import (
     METRICS_PER_BATCH,
     TAG_CONFIG,
     TAG_ERROR,
@@ -22,20 +23,11 @@ from study.tracking import (
     TAG_STATUS,
     TAG_STUDY_RUN,
     TAG_TRIAL,
-    RunLogger,
-    TrackingTarget,
     close_run,
-    dataset_input,
-    epoch_metrics,
     find_study_run,
     find_trial_run,
-    local_store,
-    open_experiment,
-    redact,
-    run_params,
-    short_error,
-    without_credentials,
 )
+from study.tracking.store import open_experiment, redact, short_error, without_credentials
 from study.yamlio import dump_yaml, load_yaml
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,9 @@ from study.stages import run_stages
 from study.status import TrialStatus, trial_status
 from study.storage import is_remote, join, write_text
 from study.tasks import task_class
-from study.tracking import TrackingTarget, close_run, open_experiment, redact
+from study.tracking.run_logger import TrackingTarget
+from study.tracking.runs import close_run
+from study.tracking.store import open_experiment, redact
 from study.trainer import RunSetup, plan_run
 from study.yamlio import dump_yaml
 

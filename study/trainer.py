@@ -13,7 +13,7 @@ from study.host import CHECKPOINTS_KEPT, InProcessHost, TrainWorkerHost
 from study.loop import LoopPlan, StageContext, train_loop_per_worker
 from study.runspec import RunSpec
 from study.storage import join
-from study.tracking import TrackingTarget
+from study.tracking.run_logger import TrackingTarget
 
 
 def plan_run(spec: RunSpec, task_data) -> LoopPlan:

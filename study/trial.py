@@ -15,7 +15,8 @@ from study.folder import StudyFolder
 from study.runspec import Resources, complete_hyperparameters
 from study.space import SearchSpace
 from study.stages import run_stages
-from study.tracking import TAG_CONFIG, TAG_REPLICATE, TrackingTarget
+from study.tracking.run_logger import TrackingTarget
+from study.tracking.runs import TAG_CONFIG, TAG_REPLICATE
 from study.trainer import RunSetup
 from study.yamlio import dump_yaml
 

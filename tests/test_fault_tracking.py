@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_worker_logger_sends_what_it_kept_when_the_server_is_back(tmp_path):
-    from study.tracking import RunLogger, TrackingTarget, ensure_experiment
+    from study.tracking.run_logger import RunLogger, TrackingTarget
+    from study.tracking.store import ensure_experiment
 
     port = free_port()
     with mlflow_server(tmp_path / "store", port, tmp_path / "server.log") as server:

@@ -1,4 +1,4 @@
-"""Geometry of self-supervised ViTs' patch tokens (models/geometry.py): the spectral decay per image and pooled,
+"""Geometry of self-supervised ViTs' patch tokens (models/geometry/patches.py): the spectral decay per image and pooled,
 against numpy's eigendecomposition and spectra built to order, and the PCA picture on a known low-rank structure."""
 
 from __future__ import annotations

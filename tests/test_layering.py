@@ -188,14 +188,15 @@ def test_the_keys_that_are_not_metrics_or_hyperparameters_are_spelled_out_once()
 
 
 def test_every_reader_filters_by_the_owners_sets():
-    from study import bookkeeping, loop, report, results, stages, sync, tracking
+    from study import bookkeeping, loop, report, results, stages, sync
+    from study.tracking import run_logger
 
     assert sync.TUNE_ADDED is bookkeeping.TUNE_ADDED
-    assert tracking.RAY_ONLY is bookkeeping.RAY_ONLY and tracking.EPOCH is bookkeeping.EPOCH
+    assert run_logger.RAY_ONLY is bookkeeping.RAY_ONLY and run_logger.EPOCH is bookkeeping.EPOCH
     assert loop.BOOKKEEPING is bookkeeping.BOOKKEEPING and stages.BOOKKEEPING is bookkeeping.BOOKKEEPING
     assert report.TRIAL_IDENTITY is bookkeeping.TRIAL_IDENTITY and results.TRIAL_IDENTITY is bookkeeping.TRIAL_IDENTITY
     for old_name in ("TUNE_KEYS", "RAY_ONLY_KEYS"):
-        assert not hasattr(sync, old_name) and not hasattr(tracking, old_name)
+        assert not hasattr(sync, old_name) and not hasattr(run_logger, old_name)
 
 
 def test_the_hub_image_catalogue_is_its_one_source_of_names():
@@ -257,8 +258,8 @@ def test_the_environment_reader_sees_each_way_of_changing_it(tmp_path):
 
 
 def test_importing_tracking_leaves_the_environment_alone_and_a_run_logger_sets_the_client_up():
-    """In a fresh interpreter: `import study.tracking` makes no change to os.environ from the project's own code
-    (each change is put down to the innermost module outside `os`: Ray's and MLflow's own imports set some); the
+    """In a fresh interpreter: importing study.tracking's modules makes no change to os.environ from the project's own
+    code (each change is put down to the innermost module outside `os`: Ray's and MLflow's own imports set some); the
     first RunLogger gives the process the MLflow client settings, keeping the one the user set."""
     script = """
 import json, os, sys
@@ -272,10 +273,10 @@ def recording(self, key, value):
 os._Environ.__setitem__ = recording
 os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "7"
 changes.clear()
-import study.tracking as tracking
+import study.tracking.run_logger as run_logger, study.tracking.runs, study.tracking.store
 from study.mlflow_settings import MLFLOW_CLIENT_SETTINGS
 on_import = list(changes)
-tracking.RunLogger(tracking.TrackingTarget("", "0", "t", "t", "s"), {}, "")
+run_logger.RunLogger(run_logger.TrackingTarget("", "0", "t", "t", "s"), {}, "")
 print(json.dumps({"on_import": on_import, "after_logger": {k: os.environ.get(k) for k in MLFLOW_CLIENT_SETTINGS}}))
 """
     environment = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}

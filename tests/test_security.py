@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from study import cli
-from study.tracking import local_store
+from study.folder import local_store
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -330,7 +330,10 @@ def test_cli_reports_user_errors_in_one_line_and_leaves_an_existing_study_alone(
 def test_run_logger_keeps_one_run_per_trial_and_logs_each_epoch_once(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import TAG_TRIAL, RunLogger, TrackingTarget, close_run, ensure_experiment, local_store
+    from study.folder import local_store
+    from study.tracking.run_logger import RunLogger, TrackingTarget
+    from study.tracking.runs import TAG_TRIAL, close_run
+    from study.tracking.store import ensure_experiment
 
     uri, artifacts = local_store(tmp_path)
     experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
@@ -363,7 +366,9 @@ def test_run_logger_records_system_metrics_of_a_run_shorter_than_one_sampling_in
     """MLflow's monitor drops its first sample when stopped within its interval: a short trial still gets one."""
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import SYSTEM_METRICS_EVERY_S, RunLogger, TrackingTarget, ensure_experiment, local_store
+    from study.folder import local_store
+    from study.tracking.run_logger import SYSTEM_METRICS_EVERY_S, RunLogger, TrackingTarget
+    from study.tracking.store import ensure_experiment
 
     uri, artifacts = local_store(tmp_path)
     experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
@@ -381,10 +386,12 @@ def test_run_logger_records_system_metrics_of_a_run_stopped_while_the_monitor_ch
     meanwhile (seen in CI with a trial resumed for its last epoch): the run still gets one."""
     from mlflow.tracking import MlflowClient
 
-    import study.tracking
-    from study.tracking import RunLogger, TrackingTarget, ensure_experiment, local_store
+    from study.folder import local_store
+    from study.tracking import run_logger
+    from study.tracking.run_logger import RunLogger, TrackingTarget
+    from study.tracking.store import ensure_experiment
 
-    monkeypatch.setattr(study.tracking, "SYSTEM_METRICS_EVERY_S", 0.5)
+    monkeypatch.setattr(run_logger, "SYSTEM_METRICS_EVERY_S", 0.5)
     get_run = MlflowClient.get_run
 
     def slow_get_run(self, run_id):  # the monitor's status check, slow as on a loaded machine
@@ -406,7 +413,9 @@ def test_run_logger_records_system_metrics_of_a_run_stopped_while_the_monitor_ch
 def test_run_logger_records_system_metrics_with_an_epoch_before_its_process_dies(tmp_path):
     """A worker killed after its last report never reaches close() (a driver lost at that moment; its resumed trial
     only hands the result back): the epoch it logged brought the machine's metrics with it."""
-    from study.tracking import SYSTEM_METRICS_EVERY_S, RunLogger, TrackingTarget, ensure_experiment, local_store
+    from study.folder import local_store
+    from study.tracking.run_logger import SYSTEM_METRICS_EVERY_S, RunLogger, TrackingTarget
+    from study.tracking.store import ensure_experiment
 
     uri, artifacts = local_store(tmp_path)
     experiment = ensure_experiment(uri, "s", artifacts, must_be_new=True)
@@ -427,7 +436,7 @@ def _system_samples(uri: str, run_id: str) -> list[int]:
 
 
 def test_run_logger_survives_an_unreachable_tracking_server(monkeypatch):
-    from study.tracking import RunLogger, TrackingTarget
+    from study.tracking.run_logger import RunLogger, TrackingTarget
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")

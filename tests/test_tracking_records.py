@@ -15,7 +15,9 @@ from study.data.config import DatasetConfig
 from study.errors import validate
 from study.results import TrialRecord, study_best
 from study.status import TrialStatus
-from study.tracking import RunLogger, TrackingTarget, dataset_input, ensure_experiment, record_study_best
+from study.tracking.run_logger import RunLogger, TrackingTarget, dataset_input
+from study.tracking.runs import record_study_best
+from study.tracking.store import ensure_experiment
 
 DIGITS = {"source": "digits"}
 
@@ -104,7 +106,7 @@ def test_a_run_logger_keeps_credentials_out_of_the_uri_mlflow_quotes(monkeypatch
     import logging
     import socket
 
-    from study.tracking import credentials_to_environment
+    from study.tracking.store import credentials_to_environment
 
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(name, "")  # recorded, so that what the logger sets is undone after the test

@@ -1,30 +1,5 @@
-"""Token geometry of the last layer: variance decomposition, neural collapse, spectral decay, PCA pictures.
-
-Definitions (docs/geometry.md). Tokens X are (B, T, d): the last block's output after the final norm,
-the same T for every sequence, one label y_b per sequence. mu_seq(b) = mean_t X[b, t], mu_class(c) = mean of mu_seq
-over the sequences of class c, mu_global = mean of all tokens::
-
-    WithinSeqVar    = mean_{b,t} ||X[b,t] - mu_seq(b)||^2
-    WithinClassVar  = mean_b     ||mu_seq(b) - mu_class(y_b)||^2
-    BetweenClassVar = mean_b     ||mu_class(y_b) - mu_global||^2      (weighted by sequences)
-
-and the three add up to the total variance mean_{b,t} ||X[b,t] - mu_global||^2.
-
-Neural collapse follows Papyan, Han & Donoho (2020) on the feature h that the classifier W h + b reads. The seed
-write-up (000, section 4.3) states NC1 as a cosine between class means and NC4 as "1 - NCC error"; we use the
-standard definitions instead:
-
-- NC1 = (1/C) tr(Sigma_W Sigma_B^+), Sigma_W = (1/n) sum_i (h_i - mu_{y_i})(h_i - mu_{y_i})^T,
-  Sigma_B = (1/C) sum_c (mu_c - mu_G)(mu_c - mu_G)^T, mu_G the mean of all h, pseudo-inverse with relative cut-off 1e-6;
-- NC2 equinorm = std_c ||mu_c - mu_G|| / mean_c ||mu_c - mu_G||; NC2 equiangle = std over pairs c != c' of the cosine
-  between centred class means (both population standard deviations, so two classes give equiangle 0);
-- NC3 = || W / ||W||_F - M / ||M||_F ||_F with M the centred class means as rows;
-- NC4 = fraction of samples where the classifier's decision argmax_c (W h + b)_c differs from the nearest class
-  centre (b: the classifier's bias, zero where it has none).
-
-Classes absent from the data have no mean: every statistic is taken over the classes present (C counts them, W is
-restricted to their rows for NC3), except the classifier's own prediction in NC4, which is its argmax over all rows.
-With fewer than two classes present NC1-NC3 are NaN.
+"""Token geometry in streaming form: ``GeometryAccumulator`` gives the definitions of reference.py over a stream
+of batches, in one pass and bounded memory, mergeable across data-parallel workers.
 
 Everything is accumulated in float64. Sums are taken around a shift per group (its first batch's mean) and re-based
 exactly when shards merge, so features far from the origin (an offset of 1e3, say) keep their variances.
@@ -51,320 +26,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-PINV_RTOL = 1e-6
-SPECTRAL_FRACTION = 0.99
+from models.geometry.finishing import (
+    SPECTRAL_FRACTION,
+    check_labels,
+    classifier_centre_mismatches,
+    collapse_metrics,
+    empty_language_metrics,
+    float64_bias,
+    nc1,
+    pcs_from_covariance,
+    ratio,
+    reservoir_keys,
+    squared_norms,
+    target_groups,
+    top_two_components,
+)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# One-shot functions: the definitions evaluated on tensors held in memory.
-
-
-def variance_decomposition(tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Three-way split of the token variance. tokens (B, T, d), labels (B,) integer classes."""
-    x = _float64(tokens)
-    _check_tokens(x)
-    if labels.shape != x.shape[:1]:
-        raise ValueError(f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}")
-    classes, y = torch.unique(labels.to(x.device), return_inverse=True)
-    seq_mean = x.mean(dim=1)
-    global_mean = x.mean(dim=(0, 1))
-    counts = torch.bincount(y, minlength=len(classes)).to(x.dtype)
-    class_mean = torch.zeros(len(classes), x.shape[-1], dtype=x.dtype, device=x.device).index_add_(0, y, seq_mean)
-    class_mean /= counts[:, None]
-    total = _squared_norms(x - global_mean).mean()
-    between = _squared_norms(class_mean[y] - global_mean).mean()
-    return {
-        "within_seq_var": _squared_norms(x - seq_mean[:, None]).mean().item(),
-        "within_class_var": _squared_norms(seq_mean - class_mean[y]).mean().item(),
-        "between_class_var": between.item(),
-        "total_var": total.item(),
-        "between_class_frac": _ratio(between, total),
-    }
-
-
-def neural_collapse(
-    features: torch.Tensor,
-    labels: torch.Tensor,
-    classifier_weight: torch.Tensor,
-    num_classes: int | None = None,
-    classifier_bias: torch.Tensor | None = None,
-) -> dict[str, float]:
-    """NC1-NC4 of features (n, d) with integer labels (n,) read by a classifier of weight (C, d) and bias (C,) (None:
-    none), by the standard definitions (module docstring; not the seed's cosine NC1 and "1 - NCC error" NC4), over
-    the classes present."""
-    h = _float64(features)
-    if h.ndim != 2 or labels.shape != h.shape[:1] or classifier_weight.shape[1:] != h.shape[1:]:
-        raise ValueError(f"need features (n, d), labels (n,), classifier_weight (C, d); got {tuple(h.shape)}, "
-                         f"{tuple(labels.shape)}, {tuple(classifier_weight.shape)}")
-    weight = _float64(classifier_weight).to(h.device)
-    if num_classes is not None and num_classes != weight.shape[0]:
-        raise ValueError(f"num_classes={num_classes} but classifier_weight has {weight.shape[0]} rows")
-    bias = _classifier_bias(classifier_bias, weight)
-    labels = labels.to(h.device)
-    _check_labels(labels, weight.shape[0])
-    present, y = torch.unique(labels, return_inverse=True)
-    counts = torch.bincount(y, minlength=len(present)).to(h.dtype)
-    means = torch.zeros(len(present), h.shape[1], dtype=h.dtype, device=h.device).index_add_(0, y, h)
-    means /= counts[:, None]
-    deviations = h - means[y]
-    metrics = _collapse_metrics(means, counts, deviations.T @ deviations, weight[present])
-    global_mean = h.mean(dim=0)
-    mismatches = _classifier_centre_mismatches(h, weight, bias, means, present, global_mean)
-    metrics["nc4"] = mismatches.item() / len(h)
-    return metrics
-
-
-def pcs_for_variance(tokens: torch.Tensor, fraction: float = SPECTRAL_FRACTION) -> int:
-    """Fewest principal components explaining ``fraction`` of the variance of tokens (..., d) (global centring)."""
-    x = _float64(tokens).reshape(-1, tokens.shape[-1])
-    centred = x - x.mean(dim=0)
-    return _pcs_from_covariance(centred.T @ centred / len(x), fraction)
-
-
-def patch_spectral_decay(patch_tokens: torch.Tensor, fraction: float = SPECTRAL_FRACTION) -> dict[str, float]:
-    """Spectral decay of the patch tokens (B, P, d) of B images (a class-token ViT's tokens[:, 1:]):
-    ``pcs99_per_image``, the fewest principal components of one image's patches (centred on that image's mean)
-    explaining ``fraction`` of their variance, averaged over the images; ``pcs99_patches``, the same over all
-    patches of all images pooled (centred on their mean)."""
-    x = _float64(patch_tokens)
-    _check_tokens(x)
-    per_image = _pcs_per_image(x, fraction)
-    return {"pcs99_per_image": per_image.double().mean().item(), "pcs99_patches": pcs_for_variance(x, fraction)}
-
-
-def patch_pca_rgb(patch_tokens: torch.Tensor, grid: tuple[int, int] | None = None,
-                  per_image: bool = False) -> np.ndarray:
-    """The PCA picture of patch features (DINO's figures): the top three principal components of all patch tokens
-    (B, P, d) of the B images pooled, each image's patches projected on them, each component min-max scaled to
-    [0, 1] over all the images (``per_image``: over each image alone), and laid out on the patch grid (H, W) with
-    H * W = P, row by row (default: square). Returns (B, H, W, 3) float64, red the first component. Components are
-    signed so that their largest entry is positive; a component constant over the patches maps to 0."""
-    x = _float64(patch_tokens)
-    _check_tokens(x)
-    batch, patches, dim = x.shape
-    if dim < 3:
-        raise ValueError(f"the PCA picture needs tokens of width at least 3, got {dim}")
-    height, width = grid if grid is not None else (math.isqrt(patches),) * 2
-    if height * width != patches:
-        raise ValueError(f"grid {height} x {width} does not hold {patches} patches; pass grid=(H, W)")
-    flat = x.reshape(-1, dim)
-    centred = flat - flat.mean(dim=0)
-    projected = (centred @ _top_components(centred.T @ centred / len(flat), 3)).reshape(batch, patches, 3)
-    over = (1,) if per_image else (0, 1)
-    low, high = projected.amin(dim=over, keepdim=True), projected.amax(dim=over, keepdim=True)
-    scaled = torch.where(high > low, (projected - low) / (high - low).clamp_min(torch.finfo(x.dtype).tiny), 0.0)
-    return scaled.reshape(batch, height, width, 3).cpu().numpy()
-
-
-def most_frequent_targets(targets: torch.Tensor, top_k: int = 32) -> torch.Tensor:
-    """The ``top_k`` most frequent ids in ``targets`` (any shape), most frequent first, ties to the smaller id."""
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    ids, counts = torch.unique(targets.reshape(-1), return_counts=True)
-    by_frequency = torch.sort(counts, descending=True, stable=True).indices
-    return ids[by_frequency[:top_k]]
-
-
-def language_collapse(
-    tokens: torch.Tensor, targets: torch.Tensor, top_k: int = 32, target_ids: torch.Tensor | None = None
-) -> dict[str, float]:
-    """Tokens (B, L, d) grouped by their next-token target (B, L), over the tokens whose target is among
-    ``target_ids`` (default: the ``top_k`` most frequent targets here). mu_G is the mean of that subset."""
-    x = _float64(tokens)
-    _check_tokens(x)
-    if targets.shape != x.shape[:2]:
-        raise ValueError(f"targets must have shape {tuple(x.shape[:2])}, got {tuple(targets.shape)}")
-    targets = targets.to(x.device).reshape(-1)
-    ids = most_frequent_targets(targets, top_k) if target_ids is None else target_ids.to(x.device)
-    group, keep = _target_groups(targets, torch.unique(ids))
-    x = x.reshape(-1, x.shape[-1])[keep]
-    if len(x) == 0:
-        return _empty_language_metrics()
-    present, g = torch.unique(group[keep], return_inverse=True)
-    counts = torch.bincount(g, minlength=len(present)).to(x.dtype)
-    means = torch.zeros(len(present), x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, g, x)
-    means /= counts[:, None]
-    global_mean = x.mean(dim=0)
-    deviations = x - means[g]
-    between = _squared_norms(means[g] - global_mean).mean()
-    total = _squared_norms(x - global_mean).mean()
-    return {
-        "within_target_var": _squared_norms(deviations).mean().item(),
-        "between_target_var": between.item(),
-        "total_var": total.item(),
-        "between_target_frac": _ratio(between, total),
-        "target_nc1": _nc1(deviations.T @ deviations / len(x), means - global_mean),
-    }
-
-
-def pca_projection(
-    tokens: torch.Tensor, labels: torch.Tensor | None = None, num_points: int = 2048, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded sample of ``num_points`` tokens (B, T, d) projected on the top two principal components of all
-    tokens. ``labels`` (B,) per sequence or (B, T) per token; -1 where none. Returns points (m, 2), labels (m,)."""
-    x = _float64(tokens)
-    _check_tokens(x)
-    flat = x.reshape(-1, x.shape[-1])
-    token_labels = _token_labels(labels, x.shape[:2], x.device)
-    mean = flat.mean(dim=0)
-    centred = flat - mean
-    basis = _top_two_components(centred.T @ centred / len(flat))
-    keys = _reservoir_keys(torch.Generator().manual_seed(seed), len(flat)).to(x.device)
-    sample = torch.argsort(keys, stable=True)[:num_points]
-    points = (flat[sample] - mean) @ basis
-    return points.cpu().numpy(), token_labels[sample].cpu().numpy()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Finishing steps shared by the one-shot functions and the accumulator.
-
-
-def _collapse_metrics(
-    means: torch.Tensor, counts: torch.Tensor, within_scatter: torch.Tensor, weight: torch.Tensor | None
-) -> dict[str, float]:
-    """NC1-NC3 from the present classes' means (C, d), sizes (C,) and sum_i (h_i - mu_yi)(h_i - mu_yi)^T."""
-    keys = ("nc1", "nc2_equinorm", "nc2_equiangle") + (("nc3",) if weight is not None else ())
-    if len(means) < 2:
-        return dict.fromkeys(keys, math.nan)
-    n = counts.sum()
-    global_mean = (counts[:, None] * means).sum(dim=0) / n
-    centred = means - global_mean
-    norms = centred.norm(dim=1)
-    unit = centred / norms[:, None]
-    off_diagonal = ~torch.eye(len(means), dtype=torch.bool, device=means.device)
-    metrics = {
-        "nc1": _nc1(within_scatter / n, centred),
-        "nc2_equinorm": (norms.std(correction=0) / norms.mean()).item(),
-        "nc2_equiangle": (unit @ unit.T)[off_diagonal].std(correction=0).item(),
-    }
-    if weight is not None:
-        metrics["nc3"] = (weight / weight.norm() - centred / centred.norm()).norm().item()
-    return metrics
-
-
-def _nc1(sigma_w: torch.Tensor, centred_means: torch.Tensor) -> float:
-    num_groups = len(centred_means)
-    if num_groups < 2:
-        return math.nan
-    sigma_b = centred_means.T @ centred_means / num_groups
-    return (torch.trace(sigma_w @ torch.linalg.pinv(sigma_b, rtol=PINV_RTOL, hermitian=True)) / num_groups).item()
-
-
-def _classifier_bias(bias: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
-    """The classifier's bias as float64 (C,) beside its weight (C, d) (zeros: a classifier without one)."""
-    if bias is None:
-        return torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device)
-    bias = bias.detach().to(device=weight.device, dtype=torch.float64)
-    if bias.shape != weight.shape[:1]:
-        raise ValueError(f"classifier_bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-    return bias
-
-
-def _classifier_centre_mismatches(
-    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, centres: torch.Tensor, centre_classes: torch.Tensor,
-    origin: torch.Tensor,
-) -> torch.Tensor:
-    """How many rows of h the classifier's decision argmax (W h + b) assigns to another class than the nearest
-    centre does."""
-    classifier = (h @ weight.T + bias).argmax(dim=1)
-    # Distances are translation invariant: measure them from the feature mean so the expansion loses no digits.
-    h0, c0 = h - origin, centres - origin
-    squared_distances = _squared_norms(c0)[None, :] - 2 * h0 @ c0.T
-    nearest = centre_classes[squared_distances.argmin(dim=1)]
-    return (classifier != nearest).sum()
-
-
-def _pcs_from_covariance(covariance: torch.Tensor, fraction: float) -> int:
-    return int(_pcs_from_eigenvalues(torch.linalg.eigvalsh(covariance), fraction))
-
-
-def _pcs_from_eigenvalues(eigenvalues: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Fewest of the eigenvalues (..., n) (any order, negative rounding clamped to 0) whose sum reaches ``fraction``
-    of their total, per leading index (...); 0 where all are 0."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    explained = eigenvalues.clamp_min(0).sort(dim=-1, descending=True).values.cumsum(-1)
-    total = explained[..., -1:]
-    count = ((explained < fraction * total).sum(dim=-1) + 1).clamp_max(explained.shape[-1])
-    return torch.where(total[..., 0] > 0, count, 0)
-
-
-def _pcs_per_image(x: torch.Tensor, fraction: float) -> torch.Tensor:
-    """pcs for ``fraction`` of each image's patches (B, P, d), centred per image, (B,). The nonzero eigenvalues of
-    the scatter X^T X (d x d) are those of the Gram matrix X X^T (P x P): the smaller of the two is decomposed."""
-    centred = x - x.mean(dim=1, keepdim=True)
-    transposed = centred.transpose(1, 2)
-    scatter = transposed @ centred if x.shape[2] <= x.shape[1] else centred @ transposed
-    return _pcs_from_eigenvalues(torch.linalg.eigvalsh(scatter), fraction)
-
-
-def _top_two_components(covariance: torch.Tensor) -> torch.Tensor:
-    return _top_components(covariance, 2)
-
-
-def _top_components(covariance: torch.Tensor, count: int) -> torch.Tensor:
-    """(d, count) leading eigenvectors, each signed so its largest entry is positive (stable pictures run to run)."""
-    _, vectors = torch.linalg.eigh(covariance)
-    top = vectors.flip(1)[:, :count]
-    largest = top.abs().argmax(dim=0)
-    return top * torch.sign(top[largest, torch.arange(count, device=top.device)])
-
-
-def _reservoir_keys(generator: torch.Generator, n: int) -> torch.Tensor:
-    """One uniform key per token; a sample keeps the smallest keys, so samples merge by keeping the smallest of
-    the union. The CPU generator yields the same sequence however the tokens are split into batches."""
-    return torch.rand(n, generator=generator, dtype=torch.float64)
-
-
-def _target_groups(targets: torch.Tensor, sorted_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index into ``sorted_ids`` of each target and whether the target is there at all."""
-    position = torch.searchsorted(sorted_ids, targets).clamp(max=len(sorted_ids) - 1)
-    return position, sorted_ids[position] == targets
-
-
-def _token_labels(labels: torch.Tensor | None, shape: torch.Size, device: torch.device) -> torch.Tensor:
-    if labels is None:
-        return torch.full(shape, -1, dtype=torch.long, device=device).reshape(-1)
-    labels = labels.to(device=device, dtype=torch.long)
-    if labels.shape == shape[:1]:
-        labels = labels[:, None].expand(shape)
-    if labels.shape != shape:
-        raise ValueError(f"labels must have shape {tuple(shape[:1])} or {tuple(shape)}, got {tuple(labels.shape)}")
-    return labels.reshape(-1)
-
-
-def _empty_language_metrics() -> dict[str, float]:
-    keys = ("within_target_var", "between_target_var", "total_var", "between_target_frac", "target_nc1")
-    return dict.fromkeys(keys, math.nan)
-
-
-def _squared_norms(x: torch.Tensor) -> torch.Tensor:
-    return x.square().sum(dim=-1)
-
-
-def _ratio(part: torch.Tensor, total: torch.Tensor) -> float:
-    return (part / total).item() if total > 0 else math.nan
-
-
-def _float64(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().to(torch.float64)
-
-
-def _check_tokens(x: torch.Tensor) -> None:
-    if x.ndim != 3:
-        raise ValueError(f"tokens must have shape (B, T, d), got {tuple(x.shape)}")
-
-
-def _check_labels(labels: torch.Tensor, num_classes: int) -> None:
-    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"labels must be in [0, {num_classes}), got values in [{labels.min()}, {labels.max()}]")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Streaming.
-
-
-class _GroupMoments:
+class GroupMoments:
     """First and second moments of vectors split into a fixed number of groups, summed around a shift per group.
 
     count (G,), shift (G, d), total = sum (x - shift_g) (G, d), sq = sum ||x - shift_g||^2 (G,) and, optionally,
@@ -391,23 +70,23 @@ class _GroupMoments:
         shifted = x - self.shift[group]
         self.count += batch_count
         self.total.index_add_(0, group, shifted)
-        self.sq.index_add_(0, group, _squared_norms(shifted))
+        self.sq.index_add_(0, group, squared_norms(shifted))
         if self.scatter is not None:
             self.scatter += shifted.T @ shifted
 
-    def rebased(self, shift: torch.Tensor) -> _GroupMoments:
+    def rebased(self, shift: torch.Tensor) -> GroupMoments:
         """The same moments summed around ``shift`` (G, d): x - new = (x - old) + delta."""
         delta = self.shift - shift
         moved = copy.copy(self)
         moved.count, moved.shift = self.count.clone(), shift.clone()
         moved.total = self.total + self.count[:, None] * delta
-        moved.sq = self.sq + 2 * (self.total * delta).sum(dim=1) + self.count * _squared_norms(delta)
+        moved.sq = self.sq + 2 * (self.total * delta).sum(dim=1) + self.count * squared_norms(delta)
         if self.scatter is not None:
             cross = self.total.T @ delta
             moved.scatter = self.scatter + cross + cross.T + delta.T @ (self.count[:, None] * delta)
         return moved
 
-    def merge_(self, other: _GroupMoments) -> None:
+    def merge_(self, other: GroupMoments) -> None:
         shift = torch.where((self.count > 0)[:, None], self.shift, other.shift)
         mine, theirs = self.rebased(shift), other.rebased(shift)
         self.count, self.shift = mine.count + theirs.count, shift
@@ -440,7 +119,7 @@ class _GroupMoments:
     def within_sq(self) -> torch.Tensor:
         """sum over present groups of sum ||x - mu_g||^2."""
         present = self.present
-        return (self.sq[present] - _squared_norms(self.total[present]) / self.count[present]).sum()
+        return (self.sq[present] - squared_norms(self.total[present]) / self.count[present]).sum()
 
     def within_scatter(self) -> torch.Tensor:
         """sum over groups of sum (x - mu_g)(x - mu_g)^T."""
@@ -469,7 +148,7 @@ class _TokenReservoir:
         self.labels = torch.full((size,), -1, dtype=torch.long, device=device)
 
     def update(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
-        keys = _reservoir_keys(self.generator, len(tokens)).to(self.keys.device)
+        keys = reservoir_keys(self.generator, len(tokens)).to(self.keys.device)
         candidates = torch.argsort(keys, stable=True)[: len(self.keys)]
         candidates = candidates[keys[candidates] < self.keys[-1]]
         self._keep_smallest(
@@ -537,17 +216,17 @@ class GeometryAccumulator:
         self.dim = dim
         self.num_classes = num_classes
         self.device = torch.device(device)
-        self.tokens = _GroupMoments(1, dim, with_scatter=True, device=device)
+        self.tokens = GroupMoments(1, dim, with_scatter=True, device=device)
         self.within_seq_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.num_sequences = torch.zeros((), dtype=torch.float64, device=device)
         self.sequence_means = self.features = None
         if num_classes is not None:
-            self.sequence_means = _GroupMoments(num_classes, dim, with_scatter=False, device=device)
-            self.features = _GroupMoments(num_classes, feature_dim or dim, with_scatter=True, device=device)
+            self.sequence_means = GroupMoments(num_classes, dim, with_scatter=False, device=device)
+            self.features = GroupMoments(num_classes, feature_dim or dim, with_scatter=True, device=device)
         self.target_ids = self.targets = None
         if target_ids is not None:
             self.target_ids = torch.unique(target_ids.to(device=device, dtype=torch.long))
-            self.targets = _GroupMoments(len(self.target_ids), dim, with_scatter=True, device=device)
+            self.targets = GroupMoments(len(self.target_ids), dim, with_scatter=True, device=device)
         self.reservoir = _TokenReservoir(reservoir_size, dim, seed, device)
         self.classifier_weight = None  # set by finalize_means: the second (NC4) pass has begun
         self.classifier_bias = None  # set with it (zeros for a classifier without one)
@@ -573,7 +252,7 @@ class GeometryAccumulator:
         flat = x.reshape(-1, self.dim)
         self.tokens.update(flat, torch.zeros(len(flat), dtype=torch.long, device=self.device))
         seq_mean = x.mean(dim=1)
-        self.within_seq_sum += _squared_norms(x - seq_mean[:, None]).sum()
+        self.within_seq_sum += squared_norms(x - seq_mean[:, None]).sum()
         self.num_sequences += len(x)
         token_labels = None
         if labels is not None:
@@ -591,7 +270,7 @@ class GeometryAccumulator:
             if targets.shape != x.shape[:2]:
                 raise ValueError(f"targets must have shape {tuple(x.shape[:2])}, got {tuple(targets.shape)}")
             targets = targets.to(self.device).reshape(-1)
-            group, keep = _target_groups(targets, self.target_ids)
+            group, keep = target_groups(targets, self.target_ids)
             self.targets.update(flat[keep], group[keep])
             token_labels = targets if token_labels is None else token_labels
         if token_labels is None:
@@ -614,7 +293,7 @@ class GeometryAccumulator:
         expected = (self.num_classes, self.features.shift.shape[1])
         if tuple(weight.shape) != expected:
             raise ValueError(f"classifier_weight must have shape {expected}, got {tuple(weight.shape)}")
-        self.classifier_bias = _classifier_bias(classifier_bias, weight)
+        self.classifier_bias = float64_bias(classifier_bias, weight)
         self.classifier_weight = weight
         self._reduced_pass = None
 
@@ -626,7 +305,7 @@ class GeometryAccumulator:
             raise RuntimeError("update_nc4() after the NC4 counts were all-reduced")
         h = self._features(features, len(features))
         centres = self.features.means()
-        mismatches = _classifier_centre_mismatches(
+        mismatches = classifier_centre_mismatches(
             h, self.classifier_weight, self.classifier_bias, centres, self._present_classes(), self._feature_mean()
         )
         self.nc4_counts += torch.stack([mismatches.to(torch.float64), torch.tensor(float(len(h)), device=h.device)])
@@ -697,12 +376,12 @@ class GeometryAccumulator:
         return metrics
 
     def pcs_for_variance(self, fraction: float = SPECTRAL_FRACTION) -> int:
-        return _pcs_from_covariance(self._token_covariance(), fraction)
+        return pcs_from_covariance(self._token_covariance(), fraction)
 
     def pca_projection(self) -> tuple[np.ndarray, np.ndarray]:
         """The reservoir's tokens projected on the top two principal components of all tokens: points (m, 2),
         labels (m,), in the order of ``pca_projection(tokens, labels, reservoir_size, seed)``."""
-        basis = _top_two_components(self._token_covariance())
+        basis = top_two_components(self._token_covariance())
         tokens, labels = self.reservoir.sample()
         points = (tokens - self.tokens.means()[0]) @ basis
         return points.cpu().numpy(), labels.cpu().numpy()
@@ -757,16 +436,16 @@ class GeometryAccumulator:
         acc.reservoir.generator.set_state(state["reservoir.generator"].cpu())
         if "classifier_weight" in state:
             acc.classifier_weight = state["classifier_weight"].to(device).clone()
-            acc.classifier_bias = _classifier_bias(state.get("classifier_bias"), acc.classifier_weight)
+            acc.classifier_bias = float64_bias(state.get("classifier_bias"), acc.classifier_weight)
             acc.nc4_counts = state["nc4_counts"].to(device).clone()
         return acc
 
     # -- internals ----------------------------------------------------------------------------------------------
 
-    def _moments(self) -> list[_GroupMoments]:
+    def _moments(self) -> list[GroupMoments]:
         return [m for m in (self.tokens, self.sequence_means, self.features, self.targets) if m is not None]
 
-    def _moments_pairs(self, other: GeometryAccumulator) -> list[tuple[_GroupMoments, _GroupMoments]]:
+    def _moments_pairs(self, other: GeometryAccumulator) -> list[tuple[GroupMoments, GroupMoments]]:
         mine, theirs = self._moments(), other._moments()
         if [m.shift.shape for m in mine] != [m.shift.shape for m in theirs]:
             raise ValueError("merge(): accumulators were built with different dim/num_classes/target_ids")
@@ -780,7 +459,7 @@ class GeometryAccumulator:
         labels = labels.to(device=self.device, dtype=torch.long)
         if labels.shape != (batch_size,):
             raise ValueError(f"labels must have shape ({batch_size},), got {tuple(labels.shape)}")
-        _check_labels(labels, self.num_classes)
+        check_labels(labels, self.num_classes)
         return labels
 
     def _features(self, features: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -805,11 +484,11 @@ class GeometryAccumulator:
         if seqs.count.sum() != self.num_sequences:
             raise ValueError("labels were given for some batches only: give them with every update()")
         counts = seqs.count[seqs.present]
-        between = (counts * _squared_norms(seqs.means() - global_mean)).sum() / self.num_sequences
+        between = (counts * squared_norms(seqs.means() - global_mean)).sum() / self.num_sequences
         return {
             "within_class_var": (seqs.within_sq() / self.num_sequences).item(),
             "between_class_var": between.item(),
-            "between_class_frac": _ratio(between, total),
+            "between_class_frac": ratio(between, total),
         }
 
     def _collapse(self, classifier_weight: torch.Tensor | None) -> dict[str, float]:
@@ -821,7 +500,7 @@ class GeometryAccumulator:
             weight = given
         feats = self.features
         present = self._present_classes()
-        metrics = _collapse_metrics(
+        metrics = collapse_metrics(
             feats.means(), feats.count[present], feats.within_scatter(), None if weight is None else weight[present]
         )
         if self.classifier_weight is not None:
@@ -836,92 +515,17 @@ class GeometryAccumulator:
         groups = self.targets
         n = groups.count.sum()
         if n == 0:
-            return {("target_total_var" if k == "total_var" else k): v for k, v in _empty_language_metrics().items()}
+            return {("target_total_var" if k == "total_var" else k): v for k, v in empty_language_metrics().items()}
         means = groups.means()
         counts = groups.count[groups.present]
         global_mean = (counts[:, None] * means).sum(dim=0) / n
-        between = (counts * _squared_norms(means - global_mean)).sum() / n
+        between = (counts * squared_norms(means - global_mean)).sum() / n
         # The subset total straight from the sums, re-based on the subset mean (not as within + between).
         total = groups.rebased(global_mean.expand_as(groups.shift)).sq.sum() / n
         return {
             "within_target_var": (groups.within_sq() / n).item(),
             "between_target_var": between.item(),
             "target_total_var": total.item(),
-            "between_target_frac": _ratio(between, total),
-            "target_nc1": _nc1(groups.within_scatter() / n, means - global_mean),
+            "between_target_frac": ratio(between, total),
+            "target_nc1": nc1(groups.within_scatter() / n, means - global_mean),
         }
-
-
-class PatchSpectrumAccumulator:
-    """``patch_spectral_decay`` over a stream of batches of patch tokens (B, P, d), mergeable across workers.
-
-    Per image the component count is taken at ``update`` (so ``fraction`` is fixed up front) and summed with the
-    number of images; over all patches the pooled moments are kept as the token moments of GeometryAccumulator
-    (count, shift, sum, d x d scatter, float64). Memory O(d^2) whatever the number of images.
-    """
-
-    def __init__(self, dim: int, fraction: float = SPECTRAL_FRACTION, device: torch.device | str = "cpu"):
-        if not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        self.dim, self.fraction, self.device = dim, fraction, torch.device(device)
-        self.patches = _GroupMoments(1, dim, with_scatter=True, device=device)
-        self.image_counts = torch.zeros(2, dtype=torch.float64, device=device)  # sum of per-image pcs, images
-        self._reduced = False
-
-    def update(self, patch_tokens: torch.Tensor) -> None:
-        if self._reduced:
-            raise RuntimeError("update() after all_reduce_(): the statistics are final")
-        x = patch_tokens.detach().to(device=self.device, dtype=torch.float64)
-        if x.ndim != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"patch_tokens must have shape (B, P, {self.dim}), got {tuple(x.shape)}")
-        flat = x.reshape(-1, self.dim)
-        self.patches.update(flat, torch.zeros(len(flat), dtype=torch.long, device=self.device))
-        per_image = _pcs_per_image(x, self.fraction)
-        self.image_counts += torch.stack([per_image.sum().to(torch.float64),
-                                          torch.tensor(float(len(x)), dtype=torch.float64, device=self.device)])
-
-    def merge(self, other: PatchSpectrumAccumulator) -> PatchSpectrumAccumulator:
-        """Add another worker's accumulator (same dim and fraction) into this one; returns self."""
-        if (other.dim, other.fraction) != (self.dim, self.fraction):
-            raise ValueError("merge(): accumulators were built with different dim or fraction")
-        other = other if other.device == self.device else PatchSpectrumAccumulator.from_state_dict(
-            other.state_dict(), device=self.device)
-        self.patches.merge_(other.patches)
-        self.image_counts += other.image_counts
-        return self
-
-    def all_reduce_(self, group=None) -> PatchSpectrumAccumulator:
-        """Sum over the process group (a no-op without torch.distributed); once."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return self
-        if self._reduced:
-            raise RuntimeError("all_reduce_() twice would count every worker again")
-        self.patches.all_reduce_(group)
-        dist.all_reduce(self.image_counts, group=group)
-        self._reduced = True
-        return self
-
-    def compute(self) -> dict[str, float]:
-        """``pcs99_per_image`` and ``pcs99_patches`` as ``patch_spectral_decay`` gives them on all the data."""
-        if self.image_counts[1] == 0:
-            raise ValueError("compute() before any update()")
-        covariance = self.patches.within_scatter() / self.patches.count[0]
-        return {
-            "pcs99_per_image": (self.image_counts[0] / self.image_counts[1]).item(),
-            "pcs99_patches": _pcs_from_covariance(covariance, self.fraction),
-        }
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        state = {"image_counts": self.image_counts,
-                 "fraction": torch.tensor(self.fraction, dtype=torch.float64)}
-        state.update(self.patches.state_dict("patches."))
-        return {name: tensor.detach().clone() for name, tensor in state.items()}
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, torch.Tensor],
-                        device: torch.device | str | None = None) -> PatchSpectrumAccumulator:
-        device = state["image_counts"].device if device is None else device
-        acc = cls(state["patches.scatter"].shape[0], float(state["fraction"]), device=device)
-        acc.image_counts = state["image_counts"].to(device=device, dtype=torch.float64).clone()
-        acc.patches.load_state_dict(state, "patches.")
-        return acc
