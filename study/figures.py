@@ -1,15 +1,13 @@
-"""The report's figures (matplotlib, written as PNG): metrics against the searched parameters with replicate error
-bars, geometry against the parameters and over the epochs, the metric against the geometry, per-layer heatmaps,
-parameter importance and the Pareto front."""
+"""The report's static figures (matplotlib, written as PNG beside the page): metrics and geometry against the searched
+parameters with replicate error bars, the metric against the geometry and the Pareto front. Legends sit outside the
+axes, never over the data. (The figures that compare many trials are interactive: study/interactive.py.)"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import numpy as np
-
-from study.plots import colormap, layer_heatmap, save, subplots
+from study.plots import colormap, legend_outside, save, subplots
 
 
 def colour(index: int):
@@ -39,7 +37,7 @@ def _errorbar_panel(ax, points: list[tuple], name: str, ylabel: str) -> None:
     ax.set_xlabel(name)
     ax.set_ylabel(ylabel, fontsize=8)
     if len(groups) > 1:
-        ax.legend(fontsize=6, frameon=False)
+        legend_outside(ax, fontsize=6)
 
 
 def against_parameters(panels: dict[str, dict[str, list[tuple]]], path: Path, title: str) -> Path:
@@ -55,27 +53,6 @@ def against_parameters(panels: dict[str, dict[str, list[tuple]]], path: Path, ti
     return save(fig, path, title)
 
 
-def trajectories(series: dict[str, list[tuple[str, list[int], list[float]]]], path: Path, title: str) -> Path:
-    """One panel per quantity: a line per trial (label, epochs, values)."""
-    names = list(series)
-    fig, axes = subplots(1, len(names), squeeze=False, dpi=110, figsize=(3.6 * len(names) + 0.5, 3.2))
-    for ax, name in zip(axes[0], names):
-        labels = sorted({label for label, _, _ in series[name]})
-        for label, epochs, values in series[name]:
-            ax.plot(epochs, values, marker=".", color=colour(labels.index(label)), alpha=0.8,
-                    label=label)
-        handles, seen = [], set()
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in seen:
-                seen.add(label)
-                handles.append((handle, label))
-        if 1 < len(handles) <= 12:
-            ax.legend(*zip(*handles), fontsize=6, frameon=False)
-        ax.set_xlabel("epoch")
-        ax.set_title(name, fontsize=9)
-    return save(fig, path, title)
-
-
 def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylabel: str, path: Path,
                    title: str) -> Path:
     """One panel per (x name, x values, y values, caption)."""
@@ -88,16 +65,6 @@ def scatter_panels(panels: list[tuple[str, list[float], list[float], str]], ylab
     return save(fig, path, title)
 
 
-def bars(values: dict[str, float], path: Path, title: str, xlabel: str) -> Path:
-    names = list(values)
-    fig, ax = subplots(figsize=(5.5, 0.45 * len(names) + 1.2), dpi=110)
-    ax.barh(names, [values[n] for n in names], color=colour(0))
-    ax.invert_yaxis()
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
-    return save(fig, path)
-
-
 def pareto(points: list[tuple[float, float, bool]], names: tuple[str, str], path: Path, title: str) -> Path:
     """Configurations' means on two objectives; those on the Pareto front marked."""
     fig, ax = subplots(figsize=(5, 4), dpi=110)
@@ -107,10 +74,6 @@ def pareto(points: list[tuple[float, float, bool]], names: tuple[str, str], path
             ax.scatter(*zip(*chosen), color=colour, label=label, s=24)
     ax.set_xlabel(names[0])
     ax.set_ylabel(names[1])
-    ax.legend(fontsize=7, frameon=False)
+    legend_outside(ax, fontsize=7)
     ax.set_title(title, fontsize=10)
     return save(fig, path)
-
-
-def layers_by_trial(values: np.ndarray, trials: list[str], path: Path, title: str) -> Path:
-    return layer_heatmap(values, trials, path, title, "trial")

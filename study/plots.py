@@ -27,6 +27,11 @@ def subplots(*args, **kwargs):
     return _pyplot().subplots(*args, **kwargs)
 
 
+def legend_outside(ax, **kwargs) -> None:
+    """The legend to the right of the axes (`save`'s tight_layout makes room for it), so it never covers a point."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False, **kwargs)
+
+
 def colormap(name: str):
     return _pyplot().get_cmap(name)
 
@@ -95,7 +100,7 @@ def draw_layer_history(history: list[dict], folder: Path, title: str) -> list[Pa
 
 
 def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, label_name: str = "class") -> Path:
-    fig, ax = subplots(figsize=(5.5, 5), dpi=110)
+    fig, ax = subplots(figsize=(6.3, 5), dpi=110)
     values = np.unique(labels)
     cmap = colormap("tab10" if len(values) <= 10 else "tab20")
     for i, value in enumerate(values):
@@ -103,7 +108,7 @@ def pca_plot(points: np.ndarray, labels: np.ndarray, path: Path, title: str, lab
         name = "none" if value < 0 else str(value)
         ax.scatter(points[keep, 0], points[keep, 1], s=6, alpha=0.7, color=cmap(i % cmap.N), label=name, linewidths=0)
     if 1 < len(values) <= 20:
-        ax.legend(title=label_name, fontsize=7, markerscale=2, loc="best", frameon=False)
+        legend_outside(ax, title=label_name, fontsize=7, markerscale=2)
     ax.set_xlabel("PC 1")
     ax.set_ylabel("PC 2")
     ax.set_title(title, fontsize=10)

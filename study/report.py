@@ -7,9 +7,12 @@ What it holds, all read from Ray's records of the trials (the study's source of 
 - the geometry of every configuration against the baseline, paired the same way;
 - the metric against the geometry across trials, and the geometry against each searched parameter, as Spearman
   rank correlations with 95% bootstrap intervals;
-- figures: the metric and the geometry against each searched parameter (replicate error bars), the geometry over
-  the epochs, the metric against the geometry, per-layer geometry (layer by trial), parameter importance (Optuna's
-  PED-ANOVA) and, with several objectives, the Pareto front.
+- figures: first each configuration's paired difference to the baseline; interactive (plotly, study/interactive.py)
+  where trials are compared: the geometry over the epochs, per-layer geometry (layer by trial), and Optuna's history,
+  slices, parallel coordinates, contour and PED-ANOVA importance of the sampler's study; as PNGs the metric and the
+  geometry against each searched parameter (replicate error bars), the metric against the geometry and, with several
+  objectives, the Pareto front. Trials are named by their configuration's values; a parameter no trial sampled gets
+  no panel.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +30,7 @@ import optuna
 from jinja2 import Environment
 from mlflow.tracking import MlflowClient
 
-from study import figures
-from study.bookkeeping import TRIAL_IDENTITY
+from study import figures, interactive
 from study.folder import StudyFolder
 from study.plots import LAYER_METRIC
 from study.results import (
@@ -51,6 +54,7 @@ from study.tracking.store import short_error
 log = logging.getLogger(__name__)
 
 REPORT_DIR, REPORT_FILE = "report", "report.html"
+TEMPLATE = resources.files("study") / "templates" / "report.html"
 TOP = 5
 
 
@@ -67,10 +71,13 @@ class Row:
 
 @dataclass
 class Figure:
+    """A PNG (`file` beside the page, `data` embedded) or an interactive plotly figure (`html`)."""
+
     title: str
-    file: str
     caption: str
+    file: str = ""
     data: str = ""  # base64 PNG
+    html: str = ""
 
 
 @dataclass
@@ -89,6 +96,7 @@ class Report:
     geometry_rows: list[Row]
     correlations: list[tuple[str, str, RankCorrelation]]
     parameter_trends: list[tuple[str, str, RankCorrelation]]
+    paired: Figure | None = None  # every configuration's paired difference to the baseline, at the top
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -100,6 +108,8 @@ def write_report(folder: StudyFolder) -> Path:
     records = load_records(folder)
     out = folder.path / REPORT_DIR
     out.mkdir(exist_ok=True)
+    for stale in out.glob("*.png"):  # a figure an earlier report drew and this one does not (e.g. now interactive)
+        stale.unlink()
     report = build(space, records, trial_rows(folder), folder, out)
     report.seeds = record.seeds or [record.seed]
     page = out / REPORT_FILE
@@ -130,7 +140,8 @@ def build(space: SearchSpace, records: list[TrialRecord], rows: dict[str, list[d
         study=folder.name, made=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         description=space.description, metrics=metrics,
         counts={status.value: sum(r.status is status for r in records) for status in TrialStatus if status.finished},
-        trials=len(records), configurations=len(groups), seeds=[], baseline=_values(baseline) if baseline else None,
+        trials=len(records), configurations=len(groups), seeds=[],
+        baseline=interactive.label(baseline.sampled) if baseline else None,
         best=[_row(g, metrics, baseline) for g in shown], geometry_names=geometry,
         geometry_rows=[_row(g, geometry, baseline) for g in groups if baseline is not None],
         correlations=[(m, g, rank_correlation([metric_value(r, g) for r in completed],
@@ -142,19 +153,25 @@ def build(space: SearchSpace, records: list[TrialRecord], rows: dict[str, list[d
     )
     if not best:
         report.notes.append("No configuration has run every epoch of every replicate yet.")
+    if baseline is not None:
+        compared = [(interactive.label(g.sampled), {m: g.difference(baseline, m) for m in metrics})
+                    for g in groups if g is not baseline]
+        compared = [(text, d) for text, d in compared if any(math.isfinite(x.mean) for x in d.values())]
+        if compared:
+            report.paired = Figure(
+                "Each configuration against the baseline",
+                "The mean difference to the baseline, paired by seed, with its 95% t interval; red where it excludes "
+                "0 (beyond the seed noise). Hover for the values; click a legend entry to hide its points.",
+                html=interactive.to_html(interactive.paired_differences(compared, metrics), "plot-paired"))
     _figures(report, space, groups, completed, rows, folder, out)
     return report
 
 
 def _row(group: Configuration, names: list[str], baseline: Configuration | None) -> Row:
-    return Row(group.config_id, _values(group), group is baseline,
+    return Row(group.config_id, interactive.label(group.sampled), group is baseline,
                {n: group.summary(n) for n in names},
                {n: group.difference(baseline, n) if baseline is not None and group is not baseline else None
                 for n in names})
-
-
-def _values(group: Configuration) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in group.sampled.items())
 
 
 def searched(space: SearchSpace) -> list[str]:
@@ -172,97 +189,140 @@ def _numeric_parameters(space: SearchSpace, trials: list[TrialRecord]) -> list[s
                     for t in trials if p in t.sampled)]
 
 
+def parameter_panels(groups: list[Configuration], parameters: list[str], quantities: list[str],
+                     grouping: str | None) -> dict[str, dict[str, list[tuple]]]:
+    """Per quantity, per parameter: (value, mean, std, group) of each configuration that holds the parameter and
+    has replicates that ran every epoch. Only parameters with points in every quantity's row get a column: a
+    conditional parameter the study never sampled (or sampled only in configurations stopped early) gets no empty
+    panel."""
+    points = {q: {p: [(g.sampled[p], g.summary(q).mean, g.summary(q).std,
+                       g.sampled.get(grouping, "") if grouping != p else "")
+                      for g in groups if p in g.sampled and g.summary(q).n]
+                  for p in parameters} for q in quantities}
+    shown = [p for p in parameters if all(points[q][p] for q in quantities)]
+    return {q: {p: points[q][p] for p in shown} for q in quantities}
+
+
 def _figures(report: Report, space: SearchSpace, groups: list[Configuration], completed: list[TrialRecord],
              rows: dict[str, list[dict]], folder: StudyFolder, out: Path) -> None:
-    parameters = [p for p in searched(space) if any(p in g.sampled for g in groups)]
+    parameters = interactive.with_values(searched(space), [g.sampled for g in groups])
     grouping = next((p for p in ("schedule", "mixer") if p in parameters), None)
 
-    def panels(quantities):
-        return {q: {p: [(g.sampled[p], g.summary(q).mean, g.summary(q).std,
-                         g.sampled.get(grouping, "") if grouping != p else "")
-                        for g in groups if p in g.sampled and g.summary(q).n]
-                    for p in parameters} for q in quantities}
-
-    def add(title, file, caption, draw):
+    def add(title, caption, draw, file=""):
+        """A PNG drawn into `file`, or (no file) a plotly figure from `draw()`."""
         try:
-            draw(out / file)
-            report.figures.append(Figure(title, file, caption))
+            if file:
+                draw(out / file)
+                report.figures.append(Figure(title, caption, file=file))
+            else:
+                html = interactive.to_html(draw(), f"plot-{len(report.figures) + 1}")
+                report.figures.append(Figure(title, caption, html=html))
         except Exception as exc:  # noqa: BLE001 - one figure that cannot be drawn must not cost the report
             report.notes.append(f"{title}: not drawn ({short_error(exc)})")
 
-    if parameters and completed:
-        add("Metrics against the searched parameters", "metrics_vs_parameters.png",
-            "Mean over the replicates that ran every epoch; bars: one standard deviation over seeds"
-            + (f"; colours: {grouping}" if grouping else "") + ".",
-            lambda path: figures.against_parameters(panels(report.metrics), path, "metrics"))
-        add("Geometry against the searched parameters", "geometry_vs_parameters.png",
-            "Last-layer geometry at the last epoch; mean and standard deviation over seeds.",
-            lambda path: figures.against_parameters(panels(report.geometry_names), path, "geometry"))
-    series = {g: [(_values_of(rows_of), [r["epoch"] for r in rows_of if g in r],
-                   [r[g] for r in rows_of if g in r]) for rows_of in rows.values()]
+    trials = {t.trial_id: t for g in groups for t in g.trials}
+    series = {g: [(interactive.label(trials[t].sampled), interactive.trial_label(trials[t].sampled, trials[t].seed),
+                   [r["epoch"] for r in rows_of if g in r], [r[g] for r in rows_of if g in r])
+                  for t, rows_of in rows.items() if t in trials]
               for g in report.geometry_names}
-    if any(epochs for lines in series.values() for _, epochs, _ in lines):
-        add("Geometry over the epochs", "geometry_over_epochs.png",
+    if any(epochs for lines in series.values() for _, _, epochs, _ in lines):
+        add("Geometry over the epochs",
             "Every trial at every epoch the geometry was computed (the geometry.every epochs, ASHA's rungs, the "
-            "last); stopped trials end where they were judged.",
-            lambda path: figures.trajectories(series, path, "last-layer geometry during training"))
+            "last); stopped trials end where they were judged. One colour per configuration: click its legend "
+            "entry to hide its replicates, double-click to show it alone.",
+            lambda: interactive.trajectories(series))
+    for name, (labels, values) in _layer_tables(completed, groups).items():
+        add(f"{name} per layer",
+            "Each block's output through the final norm, at the last epoch, for every trial that ran every epoch.",
+            lambda v=values, t=labels, n=name: interactive.layers_by_trial(v, t, n))
+    _optuna_figures(report, space, folder, parameters, add)
+    if parameters and completed:
+        metric_panels = parameter_panels(groups, parameters, report.metrics, grouping)
+        if next(iter(metric_panels.values())):
+            add("Metrics against the searched parameters",
+                "Mean over the replicates that ran every epoch; bars: one standard deviation over seeds"
+                + (f"; colours: {grouping}" if grouping else "") + ".",
+                lambda path: figures.against_parameters(metric_panels, path, "metrics"), "metrics_vs_parameters.png")
+        geometry_panels = parameter_panels(groups, parameters, report.geometry_names, grouping)
+        if next(iter(geometry_panels.values()), None):
+            add("Geometry against the searched parameters",
+                "Last-layer geometry at the last epoch; mean and standard deviation over seeds.",
+                lambda path: figures.against_parameters(geometry_panels, path, "geometry"),
+                "geometry_vs_parameters.png")
     if completed:
         metric = report.metrics[0]
         captions = {g: str(c) for m, g, c in report.correlations if m == metric}
-        add(f"{metric} against the geometry", "metric_vs_geometry.png",
+        add(f"{metric} against the geometry",
             "Each point a trial that ran every epoch; Spearman's rho with its 95% bootstrap interval.",
             lambda path: figures.scatter_panels(
                 [(g, [metric_value(r, g) for r in completed], [metric_value(r, metric) for r in completed],
-                  captions[g]) for g in report.geometry_names], metric, path, f"{metric} against the geometry"))
-    for name, (labels, values) in _layer_tables(completed).items():
-        add(f"{name} per layer", f"layers_{name}.png",
-            "Each block's output through the final norm, at the last epoch, for every trial that ran every epoch.",
-            lambda path, v=values, t=labels, n=name: figures.layers_by_trial(v, t, path, f"{n} per layer"))
-    importances = _importances(folder, space)
-    if isinstance(importances, tuple) and importances[0]:
-        importances, used, left_out = importances
-        add("Parameter importance", "importance.png",
-            "Optuna's PED-ANOVA importance of each parameter for the objective the sampler saw (per configuration: "
-            f"the mean over its replicates), from the {used} configurations that ran every epoch of every replicate"
-            + (f"; {left_out} stopped early or failed are left out" if left_out else "") + ".",
-            lambda path: figures.bars(importances, path, "parameter importance (PED-ANOVA)", "importance"))
-    elif isinstance(importances, str):
-        report.notes.append(f"Parameter importance: {importances}")
+                  captions[g]) for g in report.geometry_names], metric, path, f"{metric} against the geometry"),
+            "metric_vs_geometry.png")
     if space.multi_objective and len(report.metrics) >= 2:
         ranked = {id(g) for g in best_configurations(groups, report.metrics, space.modes)}
         complete = [g for g in groups if g.trials and len(g.completed()) == len(g.trials)]
         points = [(g.summary(report.metrics[0]).mean, g.summary(report.metrics[1]).mean, id(g) in ranked)
                   for g in complete]
-        add("Pareto front", "pareto.png", "Configurations' means; the front in red.",
-            lambda path: figures.pareto(points, (report.metrics[0], report.metrics[1]), path, "Pareto front"))
+        add("Pareto front", "Configurations' means; the front in red.",
+            lambda path: figures.pareto(points, (report.metrics[0], report.metrics[1]), path, "Pareto front"),
+            "pareto.png")
     for figure in report.figures:
-        figure.data = base64.b64encode((out / figure.file).read_bytes()).decode("ascii")
+        if figure.file:
+            figure.data = base64.b64encode((out / figure.file).read_bytes()).decode("ascii")
 
 
-def _values_of(rows: list[dict]) -> str:
-    config = rows[0].get("config", {}) if rows else {}
-    return ", ".join(f"{k}={v}" for k, v in config.items() if k not in TRIAL_IDENTITY)
+def _optuna_figures(report: Report, space: SearchSpace, folder: StudyFolder, parameters: list[str], add) -> None:
+    """Optuna's visualisations of the sampler's study and the parameters' PED-ANOVA importance, from its journal."""
+    study = _optuna_study(folder, space)
+    if isinstance(study, str):
+        report.notes.append(f"Optuna's figures and the parameter importance: {study}")
+        return
+    states = [t.state for t in study.trials]
+    used = states.count(optuna.trial.TrialState.COMPLETE)
+    left_out = sum(s in (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL) for s in states)
+    try:
+        importances = dict(optuna.importance.get_param_importances(study))
+    except Exception as exc:  # noqa: BLE001 - too few configurations, a single value per parameter, ...
+        importances = None
+        report.notes.append(f"Parameter importance: not computed ({short_error(exc)})")
+    from_complete = (f"from the {used} configurations that ran every epoch of every replicate"
+                     + (f"; {left_out} stopped early or failed are left out" if left_out else "") + ".")
+    try:
+        found = interactive.optuna_figures(study, parameters, report.metrics[0], importances)
+    except Exception as exc:  # noqa: BLE001 - Optuna's figures must not cost the report
+        report.notes.append(f"Optuna's figures: not drawn ({short_error(exc)})")
+        found = []
+    for title, caption, fig in found:
+        add(title, f"Optuna's figure of the sampler's study (per configuration: the mean over its replicates), "
+            f"{from_complete} {caption}", lambda f=fig: f)
+    if importances:
+        add("Parameter importance",
+            "Optuna's PED-ANOVA importance of each parameter for the objective the sampler saw (per configuration: "
+            f"the mean over its replicates), {from_complete}", lambda: interactive.importance_figure(importances))
 
 
-def _layer_tables(trials: list[TrialRecord]) -> dict[str, tuple[list[str], np.ndarray]]:
-    """Per-layer geometry at the last epoch: name -> (trial ids, values (layers, trials))."""
+def _layer_tables(trials: list[TrialRecord], groups: list[Configuration]) -> dict[str, tuple[list[str], np.ndarray]]:
+    """Per-layer geometry at the last epoch: name -> (the trials' labels, values (layers, trials)), the trials in
+    their configurations' order."""
+    order = {t.trial_id: index for index, t in enumerate(t for g in groups for t in g.trials)}
     found: dict[str, dict[str, dict[int, float]]] = {}
-    for trial in trials:
+    for trial in sorted(trials, key=lambda t: order.get(t.trial_id, len(order))):
         for key, value in trial.metrics.items():
             match = LAYER_METRIC.match(key)
             if match:
-                found.setdefault(match[2], {}).setdefault(trial.trial_id, {})[int(match[1])] = value
+                text = interactive.trial_label(trial.sampled, trial.seed)
+                found.setdefault(match[2], {}).setdefault(text, {})[int(match[1])] = value
     tables = {}
     for name, by_trial in found.items():
-        ids = sorted(by_trial)
+        labels = list(by_trial)
         layers = 1 + max(layer for values in by_trial.values() for layer in values)
-        tables[name] = (ids, np.array([[by_trial[t].get(layer, math.nan) for t in ids] for layer in range(layers)]))
+        tables[name] = (labels, np.array([[by_trial[t].get(layer, math.nan) for t in labels]
+                                          for layer in range(layers)]))
     return tables
 
 
-def _importances(folder: StudyFolder, space: SearchSpace) -> tuple[dict[str, float], int, int] | str:
-    """Optuna's importances over the journal's COMPLETE trials (configurations that ran every epoch), how many those
-    are and how many finished otherwise; or why there are none."""
+def _optuna_study(folder: StudyFolder, space: SearchSpace) -> optuna.Study | str:
+    """The sampler's Optuna study, read from the study folder's journal; or why there is none to show."""
     journal = folder.path / JOURNAL_FILE
     if not journal.is_file():
         return "no Optuna journal in the study folder (a study started before it was kept)"
@@ -270,124 +330,17 @@ def _importances(folder: StudyFolder, space: SearchSpace) -> tuple[dict[str, flo
         return "shown for single-objective studies only"
     try:
         storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
-        study = optuna.load_study(study_name=space.name, storage=storage)
-        states = [t.state for t in study.trials]
-        finished_otherwise = sum(s in (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL) for s in states)
-        return (dict(optuna.importance.get_param_importances(study)),
-                states.count(optuna.trial.TrialState.COMPLETE), finished_otherwise)
-    except Exception as exc:  # noqa: BLE001 - too few configurations, a single value per parameter, ...
-        return f"not computed ({short_error(exc)})"
+        return optuna.load_study(study_name=space.name, storage=storage)
+    except Exception as exc:  # noqa: BLE001 - an unreadable journal must not cost the report
+        return f"the journal could not be read ({short_error(exc)})"
 
 
 def render(report: Report) -> str:
+    """The page, from the package's template (study/templates/report.html); plotly's JavaScript embedded once where
+    any figure is interactive."""
     environment = Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
     environment.filters["number"] = lambda v: "-" if v is None or not math.isfinite(v) else f"{v:.4f}"
     environment.filters["exact"] = lambda v: "nan" if v is None or not math.isfinite(v) else repr(float(v))
-    return environment.from_string(TEMPLATE).render(r=report)
-
-
-TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>lapstudy report: {{ r.study }}</title>
-<style>
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-th, td { border-bottom: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; }
-td.number { text-align: right; font-variant-numeric: tabular-nums; }
-tr.baseline { background: #f4f4f4; }
-.beyond { font-weight: bold; }
-figure { margin: 2em 0; }
-figure img { max-width: 100%; border: 1px solid #eee; }
-.note { color: #a33; }
-</style>
-</head>
-<body>
-<h1>Study {{ r.study }}</h1>
-<p>{{ r.description }}</p>
-<p>{{ r.trials }} trials: {{ r.configurations }} configurations{% if r.seeds|length > 1 %} at {{ r.seeds|length }}
-seeds ({{ r.seeds|join(", ") }}){% endif %};
-{% for status, n in r.counts.items() %}{{ n }} {{ status.replace("_", " ") }}
-{%- if not loop.last %}, {% endif %}{% endfor %}.
-{% if r.baseline %}Baseline: {{ r.baseline }}.{% endif %} Made {{ r.made }}.</p>
-{% for note in r.notes %}<p class="note">{{ note }}</p>{% endfor %}
-
-<h2 id="summary">The best configurations</h2>
-<p>Mean ± standard deviation over the replicates that ran every epoch (n of them).
-{% if r.baseline %}The difference to the baseline is paired by seed: its mean and 95% t interval; <b>bold</b>
-where the interval excludes 0, that is where the difference is larger than the seed-to-seed noise.{% endif %}</p>
-<table id="summary-table">
-<thead><tr><th>configuration</th><th>values</th>
-{% for m in r.metrics %}<th>{{ m }} mean</th><th>std</th><th>n</th>
-{% if r.baseline %}<th>{{ m }} − baseline</th><th>95% interval</th><th>beyond noise</th>{% endif %}
-{% endfor %}</tr></thead>
-<tbody>
-{% for row in r.best %}
-<tr class="{{ 'baseline' if row.baseline else '' }}" data-config="{{ row.config_id }}">
-<td>{{ row.config_id }}{% if row.baseline %} (baseline){% endif %}</td><td>{{ row.values }}</td>
-{% for m in r.metrics %}{% set s = row.summaries[m] %}{% set d = row.differences[m] %}
-<td class="number" data-metric="{{ m }}" data-field="mean" data-value="{{ s.mean|exact }}">
-{{- s.mean|number }}</td>
-<td class="number" data-metric="{{ m }}" data-field="std" data-value="{{ s.std|exact }}">{{ s.std|number }}</td>
-<td class="number" data-metric="{{ m }}" data-field="n" data-value="{{ s.n }}">{{ s.n }}</td>
-{% if r.baseline %}{% if d %}
-<td class="number{{ ' beyond' if d.beyond_noise else '' }}" data-metric="{{ m }}" data-field="difference"
-    data-value="{{ d.mean|exact }}">{{ d.mean|number }}</td>
-<td class="number" data-metric="{{ m }}" data-field="interval" data-low="{{ d.low|exact }}"
-    data-high="{{ d.high|exact }}">[{{ d.low|number }}, {{ d.high|number }}]</td>
-<td data-metric="{{ m }}" data-field="beyond" data-value="{{ 'yes' if d.beyond_noise else 'no' }}">
-{{- "yes" if d.beyond_noise else "no" }}</td>
-{% else %}<td></td><td></td><td></td>{% endif %}{% endif %}
-{% endfor %}</tr>
-{% endfor %}
-</tbody></table>
-
-{% if r.geometry_rows %}
-<h2 id="geometry-vs-baseline">Geometry against the baseline</h2>
-<p>Last-layer geometry at the last epoch, each configuration minus the baseline, paired by seed (95% t interval;
-<b>bold</b> where it excludes 0).</p>
-<table id="geometry-table">
-<thead><tr><th>configuration</th><th>values</th>
-{% for g in r.geometry_names %}<th>{{ g }} mean</th><th>− baseline [95%]</th>{% endfor %}</tr></thead>
-<tbody>
-{% for row in r.geometry_rows %}
-<tr class="{{ 'baseline' if row.baseline else '' }}">
-<td>{{ row.config_id }}{% if row.baseline %} (baseline){% endif %}</td><td>{{ row.values }}</td>
-{% for g in r.geometry_names %}{% set s = row.summaries[g] %}{% set d = row.differences[g] %}
-<td class="number">{{ s.mean|number }}</td>
-<td class="number{{ ' beyond' if d and d.beyond_noise else '' }}">
-{%- if d %}{{ d.mean|number }} [{{ d.low|number }}, {{ d.high|number }}]{% endif %}</td>
-{% endfor %}</tr>
-{% endfor %}
-</tbody></table>
-{% endif %}
-
-<h2 id="correlations">The metric against the geometry</h2>
-<p>Spearman's rank correlation across the trials that ran every epoch, with a 95% bootstrap interval: the paper's
-claim, tested on this study's own data.</p>
-<table id="correlation-table">
-<thead><tr><th>metric</th><th>geometry</th><th>rho</th><th>95% interval</th><th>n</th></tr></thead>
-<tbody>{% for m, g, c in r.correlations %}
-<tr><td>{{ m }}</td><td>{{ g }}</td><td class="number">{{ c.rho|number }}</td>
-<td class="number">[{{ c.low|number }}, {{ c.high|number }}]</td><td class="number">{{ c.n }}</td></tr>
-{% endfor %}</tbody></table>
-
-{% if r.parameter_trends %}
-<h2 id="trends">The geometry against the searched parameters</h2>
-<table id="trend-table">
-<thead><tr><th>parameter</th><th>geometry</th><th>rho</th><th>95% interval</th><th>n</th></tr></thead>
-<tbody>{% for p, g, c in r.parameter_trends %}
-<tr><td>{{ p }}</td><td>{{ g }}</td><td class="number">{{ c.rho|number }}</td>
-<td class="number">[{{ c.low|number }}, {{ c.high|number }}]</td><td class="number">{{ c.n }}</td></tr>
-{% endfor %}</tbody></table>
-{% endif %}
-
-<h2 id="figures">Figures</h2>
-{% for f in r.figures %}
-<figure id="figure-{{ loop.index }}"><figcaption><b>{{ f.title }}.</b> {{ f.caption }}</figcaption>
-<img src="data:image/png;base64,{{ f.data }}" alt="{{ f.title }}" data-file="{{ f.file }}"></figure>
-{% endfor %}
-</body>
-</html>
-"""
+    template = environment.from_string(TEMPLATE.read_text(encoding="utf-8"))
+    interactive_js = interactive.plotly_js() if any(f.html for f in [report.paired, *report.figures] if f) else ""
+    return template.render(r=report, plotly_js=interactive_js)

@@ -40,8 +40,12 @@ SPACE = tiny_space(
     parameters={"lr": {"type": "log_float", "low": 1.0e-6, "high": 1.0e-2}, "k": {"type": "int", "low": 0, "high": 4}},
     points_to_evaluate=[GOOD, BAD],
 )
-FIGURES = {"metrics_vs_parameters.png", "geometry_vs_parameters.png", "geometry_over_epochs.png",
-           "metric_vs_geometry.png", "importance.png"}
+FIGURES = {"metrics_vs_parameters.png", "geometry_vs_parameters.png", "metric_vs_geometry.png"}
+# The interactive figures (plotly), by the id of their <div>'s figure: title.
+INTERACTIVE = {"Each configuration against the baseline", "Geometry over the epochs", "Optimisation history", "Slices",
+               "Parallel coordinates", "Contour", "Parameter importance"} | {
+    f"{name} per layer" for name in ("between_class_frac", "between_class_var", "nc1", "within_class_var",
+                                     "within_seq_var")}
 
 
 @pytest.fixture(scope="module")
@@ -222,16 +226,69 @@ def browser():
         session.quit()
 
 
-def test_report_renders_every_figure_in_a_browser(study, browser):
-    page = study.dir / "report" / "report.html"
+def _open_offline(browser, page):
+    """The page with the network cut (Chromium's offline emulation): whatever it draws comes from the file itself."""
+    browser.set_network_conditions(offline=True, latency=0, download_throughput=0, upload_throughput=0)
     browser.get(page.as_uri())
+
+
+def test_report_renders_every_figure_in_a_browser(study, browser):
+    _open_offline(browser, study.dir / "report" / "report.html")
     images = browser.execute_script(
         "return Array.from(document.images).map(i => [i.dataset.file, i.complete, i.naturalWidth, i.naturalHeight])")
     files = {name for name, complete, width, height in images if complete and width > 100 and height > 100}
-    assert FIGURES <= files, images
-    assert {f"layers_{name}.png" for name in ("between_class_frac", "nc1", "within_seq_var")} <= files, images
+    assert FIGURES == files, images
     assert len(files) == len(images), f"some figures did not load: {images}"
     assert browser.find_element("id", "summary-table").is_displayed()
+    # plotly's JavaScript came with the page; every interactive figure drew its SVG, and no panel of one is empty:
+    # each subplot's axes carry a trace with points
+    plots = browser.execute_script("""
+        if (!window.Plotly) return null;
+        return Array.from(document.querySelectorAll('.plotly-graph-div')).map(div => {
+            const axes = Object.keys(div._fullLayout).filter(k => /^xaxis\\d*$/.test(k)).map(k => 'x' + k.slice(5));
+            const points = t => (t.x || t.z || t.values || []).length + (t.dimensions || []).length;
+            const used = new Set(div.data.filter(t => points(t) > 0).map(t => t.xaxis || 'x'));
+            return [div.closest('figure').querySelector('figcaption b').textContent.replace(/\\.$/, ''),
+                    div.querySelectorAll('svg.main-svg').length, axes.filter(a => !used.has(a))];
+        });""")
+    assert plots is not None, "plotly's JavaScript did not load from the page"
+    assert {title for title, _, _ in plots} == INTERACTIVE, plots
+    for title, svgs, empty in plots:
+        assert svgs > 0 and not empty, (title, svgs, empty)
+    # the paired comparison is the page's first section
+    first = browser.execute_script("return document.querySelector('h2').closest('section')?.id")
+    assert first == "paired"
+
+
+def test_report_figures_answer_hover_and_legend_clicks(study, browser):
+    """A hover over the paired comparison names the configuration by its values; a click on a legend entry of the
+    geometry over the epochs hides that configuration's lines."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _open_offline(browser, study.dir / "report" / "report.html")
+    label = browser.execute_script("""
+        const div = document.getElementById('plot-paired');
+        Plotly.Fx.hover(div, [{curveNumber: 0, pointNumber: 0}]);
+        const text = div.querySelector('.hoverlayer .hovertext');
+        return text ? text.textContent : null;""")
+    configurations = _configurations(study.rows)
+    compared = [g for g in configurations.values() if g["values"] != _which(configurations, BASELINE)["values"]]
+    names = [f"lr={g['values']['lr']:.4g}, k={g['values']['k']}" for g in compared]
+    assert label and any(label.startswith(name) for name in names), (label, names)
+    assert not any(trial in label for g in compared for trial in g["trials"].values()), label
+    [div] = [d for d in browser.find_elements("css selector", ".plotly-graph-div")
+             if d.find_element("xpath", "./ancestor::figure//figcaption/b").text.startswith("Geometry over")]
+    entry = div.find_elements("css selector", ".legend .traces")[0]
+    name = entry.find_element("css selector", ".legendtext").text
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", div)
+    ActionChains(browser).move_to_element(entry.find_element("css selector", ".legendtoggle")).click().perform()
+    # plotly applies a single click once its double-click window (300 ms) has passed
+    WebDriverWait(browser, 10).until(lambda b: b.execute_script(
+        "return arguments[0].data.some(t => t.visible === 'legendonly')", div))
+    visible = browser.execute_script("return arguments[0].data.map(t => [t.name, t.visible])", div)
+    assert {v for n, v in visible if n == name} == {"legendonly"}, visible
+    assert all(v is None or v is True for n, v in visible if n != name), visible
 
 
 def test_report_summary_numbers_match_an_independent_computation(study, browser):
