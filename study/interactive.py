@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 import optuna
-import optuna.visualization as optuna_plots
 import plotly.graph_objects as go
 import plotly.io
 import plotly.offline
@@ -110,6 +109,10 @@ def optuna_figures(study: optuna.Study, parameters: list[str], target_name: str,
     """Optuna's own plotly figures of the sampler's study (its COMPLETE trials: configurations that ran every epoch
     of every replicate, each value their replicates' mean): (title, caption, figure). Only parameters some complete
     trial sampled get a panel or an axis; the contour shows the two most important numeric ones."""
+    # Imported here: optuna.visualization imports matplotlib, which writes its caches under ~ when first imported,
+    # and a command refused before it reports must leave no trace there (tests/test_refused_at_once.py).
+    import optuna.visualization as optuna_plots
+
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     shown = with_values(parameters, [trial.params for trial in complete])
     if not complete:
