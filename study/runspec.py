@@ -99,7 +99,7 @@ class TrainConfig(BaseModel):
         """UserError for a key set to other than its default that this run does not read (a default changes
         nothing: a config exported with every key still runs), naming the settings that would read it."""
         read = self.read_keys(task)
-        for key in self.model_fields_set - read:
+        for key in sorted(self.model_fields_set - read):
             if getattr(self, key) == TrainConfig.model_fields[key].default:
                 continue
             for setting in ("lr_decay", "optimizer"):
