@@ -15,11 +15,12 @@ __all__ = [
     "build_config",
     "build_model",
     "count_parameters",
+    "read_keys",
     "resolve_config",
 ]
 _HOMES = {"ModelOutput": "models.base", "count_parameters": "models.base", "build_config": "models.build",
-          "build_model": "models.build", "model_keys": "models.build", "resolve_config": "models.build",
-          "PRESETS": "models.presets"}
+          "build_model": "models.build", "model_keys": "models.build", "read_keys": "models.build",
+          "resolve_config": "models.build", "PRESETS": "models.presets"}
 
 
 def __getattr__(name: str):

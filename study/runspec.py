@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -74,6 +75,42 @@ class TrainConfig(BaseModel):
         if self.lr_decay == "inverse_sqrt" and self.warmup_epochs == 0 and self.optimizer != "nanochat":
             raise ValueError("lr_decay: inverse_sqrt decays from the end of the warm-up; set warmup_epochs > 0")
         return self
+
+    def read_keys(self, task: str) -> frozenset[str]:
+        """The training keys a run of `task` with these settings reads, so what it records: the loop's, the
+        optimiser's and the learning-rate schedule's (study/optim.py), and the task's own (`Task.reads_training`).
+        Any other key changes nothing in training."""
+        owner = task_class(task)
+        keys = {"optimizer", "batch_size", "grad_clip", "steps_per_epoch", "precision", "weight_decay",
+                "warmup_epochs", *owner.reads_training}
+        if self.param_data_ratio is not None:  # it sets steps_per_epoch
+            keys.add("param_data_ratio")
+        if self.optimizer == "nanochat":  # its own learning rates, and its warm-down to min_lr_ratio
+            return frozenset(keys | {"matrix_lr", "embedding_lr", "unembedding_lr", "warmdown_ratio",
+                                     "muon_momentum_warmup", "min_lr_ratio"})
+        keys |= {"lr", "beta1"} | ({"beta2", "eps"} if self.optimizer in ("adamw", "lamb") else set())
+        if owner.own_lr_schedule or self.lr_decay == "cosine":
+            keys.add("min_lr_ratio")
+        if not owner.own_lr_schedule:
+            keys.add("lr_decay")
+        return frozenset(keys)
+
+    def check_set_keys_read(self, task: str, where: str) -> None:
+        """UserError for a key set to other than its default that this run does not read (a default changes
+        nothing: a config exported with every key still runs), naming the settings that would read it."""
+        read = self.read_keys(task)
+        for key in sorted(self.model_fields_set - read):
+            if getattr(self, key) == TrainConfig.model_fields[key].default:
+                continue
+            for setting in ("lr_decay", "optimizer"):
+                readers = [value for value in typing.get_args(TrainConfig.model_fields[setting].annotation)
+                           if key in self.model_copy(update={setting: value}).read_keys(task)]
+                if readers:
+                    raise UserError(f"{where}.{key}: is read with {setting} {' or '.join(readers)}, not "
+                                    f"{getattr(self, setting)} as here (leave it out)", field=key)
+            readers = [name for name in TASKS if key in self.read_keys(name)]
+            raise UserError(f"{where}.{key}: is read by task {' or '.join(readers)}, not {task} (leave it out)",
+                            field=key)
 
 
 TRAIN_KEYS: frozenset[str] = frozenset(TrainConfig.model_fields)
@@ -209,8 +246,11 @@ class RunSpec(BaseModel):
         runs = [(None, 0, self.model_copy(update={"stages": []}))]
         offset = self.epochs
         for stage in self.stages:
+            # the run's training keys that the stage reads (another optimiser's are not its settings)
+            merged = {k: v for k, v in {**self.hyperparameters, **stage.hyperparameters}.items() if k in TRAIN_KEYS}
+            training = TrainConfig.model_construct(**merged).read_keys(stage.task)
             kept = {k: v for k, v in self.hyperparameters.items()
-                    if k in models.MODEL_KEYS | TRAIN_KEYS and k not in task_class(stage.task).data_sets}
+                    if (k in models.MODEL_KEYS or k in training) and k not in task_class(stage.task).data_sets}
             runs.append((stage.name, offset, self.model_copy(update={
                 "task": stage.task, "epochs": stage.epochs, "dataset": stage.dataset or self.dataset,
                 "hyperparameters": {**kept, **stage.hyperparameters}, "geometry": stage.geometry or self.geometry,
@@ -355,7 +395,7 @@ def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparame
 
 
 def _check_run_config(hyperparameters: dict, task: str, where: str) -> dict:
-    train_config(hyperparameters, where)
+    train_config(hyperparameters, where).check_set_keys_read(task, where)
     task_options(hyperparameters, task, where)
     family = task_class(task).model_family
     flat = model_part(hyperparameters)
@@ -382,15 +422,24 @@ def complete_hyperparameters(hyperparameters: dict, data_overrides: dict, task: 
                              *, epochs: int) -> dict:
     """Every hyperparameter a run of `epochs` epochs uses, explicitly: the data's model keys applied, the model
     preset expanded, the training defaults filled in and steps_per_epoch derived from param_data_ratio. This is what
-    MLflow records and `lapstudy export` writes."""
+    MLflow records and `lapstudy export` writes: only the keys the run reads (`read_by_the_run`)."""
     with_data = apply_data_overrides(hyperparameters, data_overrides, where)
     model = check_run_config(with_data, task, where)
     if "stlt" in models.build_config(model).mixer_kinds:  # STLT layers: their options with defaults too
         model.update(dataclasses.asdict(stlt_config(model)))
-    training = train_config(with_data, where).model_dump()
+    train = train_config(with_data, where)
+    training = train.model_dump()
     if training["param_data_ratio"] is not None:
         training["steps_per_epoch"] = ratio_steps_per_epoch(model, training, epochs, where)
-    return {**model, **training, **task_options(with_data, task, where)}
+    return read_by_the_run({**model, **training, **task_options(with_data, task, where)}, train, task)
+
+
+def read_by_the_run(hyperparameters: dict, train: TrainConfig, task: str) -> dict:
+    """The complete `hyperparameters` of a run less the keys it does not read: the model's that its family and
+    mixers do not (models.read_keys), and the training keys its optimiser, schedule and task do not
+    (TrainConfig.read_keys). Those are defaults (a set one is refused), so a re-run of the rest is the same run."""
+    read = models.read_keys(model_part(hyperparameters)) | train.read_keys(task)
+    return {k: v for k, v in hyperparameters.items() if k in read or k in OPTION_KEYS}
 
 
 def ratio_steps_per_epoch(model_config: dict, training: dict, epochs: int, where: str = "hyperparameters") -> int:

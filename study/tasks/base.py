@@ -144,6 +144,11 @@ class Task(ABC):
     # Also evaluate the untrained model, logged to MLflow at the stage's first step (a self-supervised task's k-NN
     # at initialisation is the baseline its training must beat).
     evaluate_before_training: ClassVar[bool] = False
+    # Training keys its own code reads beside those of every run (TrainConfig.read_keys): classification's `loss`.
+    reads_training: ClassVar[frozenset[str]] = frozenset()
+    # It sets the learning rate itself from `lr`, `warmup_epochs` and `min_lr_ratio` (DINO's cosine), so the
+    # run's schedule (`lr_decay`) is not read.
+    own_lr_schedule: ClassVar[bool] = False
 
     @classmethod
     def epoch_metrics(cls, dataset=None) -> tuple[str, ...]:

@@ -124,6 +124,7 @@ class DINO(Task):
     report_geometry = ("between_class_frac", "nc1", "within_seq_var")
     options = DINOOptions
     evaluate_before_training = True
+    own_lr_schedule = True  # train_step: DINO's cosine, not the run's LambdaLR
 
     @classmethod
     def build_model(cls, model_config, hyperparameters, carried):
