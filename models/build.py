@@ -9,7 +9,7 @@ from dataclasses import fields
 import torch
 from torch import nn
 
-from models.config import config_from_flat
+from models.config import TransformerConfig, config_from_flat
 from models.encdec import EncDecConfig, EncoderDecoder
 from models.errors import ConfigError
 from models.gpt import GPT, GPTConfig
@@ -32,10 +32,9 @@ def model_keys() -> frozenset[str]:
     return frozenset(set().union(*map(family_keys, FAMILIES)) | {"model", "preset"} | mixer_keys())
 
 
-def read_keys(config: Mapping) -> frozenset[str]:
-    """The flat-config keys the model `config` builds reads: its family's, `model`, `preset`, and the options of
-    the mixers its layers use (a model without STLT layers reads no `stlt_*` key)."""
-    built = build_config(config)
+def read_keys(built: TransformerConfig) -> frozenset[str]:
+    """The flat-config keys the model config `built` (build_config's) reads: its family's, `model`, `preset`, and
+    the options of the mixers its layers use (a model without STLT layers reads no `stlt_*` key)."""
     family = next(name for name, (cfg, _) in FAMILIES.items() if type(built) is cfg)
     used = set(built._all_mixer_kinds())
     return family_keys(family) | {"model", "preset"} | frozenset().union(*(MIXERS[kind].keys for kind in used))
@@ -65,17 +64,22 @@ def resolve_config(config: Mapping) -> dict:
 
 
 def build_config(config: Mapping) -> ViTConfig | GPTConfig | EncDecConfig:
-    resolved = resolve_config(config)
+    return config_from_resolved(resolve_config(config))
+
+
+def config_from_resolved(resolved: Mapping) -> ViTConfig | GPTConfig | EncDecConfig:
+    """The config of a flat config that `resolve_config` returned (its preset expanded), validated."""
     config_cls = FAMILIES[resolved["model"]][0]
     return config_from_flat(config_cls, {k: v for k, v in resolved.items() if k not in ("model", "preset")})
 
 
-def build_model(config: Mapping, device: torch.device | str | None = None) -> nn.Module:
-    """Build and initialise a model from a flat config (docs/config.md); every value is validated first.
+def build_model(config: Mapping | TransformerConfig, device: torch.device | str | None = None) -> nn.Module:
+    """Build and initialise a model from a flat config (docs/config.md), every value validated first, or from a
+    config `build_config` built (validated then).
 
     ``device="meta"`` builds the model without allocating it (for parameter counts of large presets).
     """
-    model_config = build_config(config)
+    model_config = config if isinstance(config, TransformerConfig) else build_config(config)
     model_cls = next(model for cfg, model in FAMILIES.values() if type(model_config) is cfg)
     with torch.device(device) if device is not None else nullcontext():
         return model_cls(model_config)

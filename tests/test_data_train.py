@@ -67,7 +67,7 @@ def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tm
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from study.trainer import plan_run
+    from study.trial import plan_run
 
     config = {"source": "digits", "augment": "basic", "repeated_aug": 3, "crop_scale": [1.0, 1.0],
               "crop_ratio": [1.0, 1.0]}
