@@ -416,11 +416,11 @@ class Resolved:
     @property
     def hyperparameters(self) -> dict:
         """Every hyperparameter the run reads, explicitly, flat: what MLflow records and `lapstudy export` writes.
-        Left out: the model keys its family and mixers do not read (models.read_keys) and the training keys its
-        optimiser, schedule and task do not (TrainConfig.read_keys); those are defaults (a set one is refused), so
-        a re-run of the rest is the same run."""
+        Left out: the model keys its family and mixers do not read (TransformerConfig.read_keys) and the training
+        keys its optimiser, schedule and task do not (TrainConfig.read_keys); those are defaults (a set one is
+        refused), so a re-run of the rest is the same run."""
         complete = {**self.model, **self.train.model_dump(), **(self.options.model_dump() if self.options else {})}
-        read = models.read_keys(self.config) | self.train.read_keys(self.task)
+        read = self.config.read_keys | self.train.read_keys(self.task)
         return {k: v for k, v in complete.items() if k in read or k in OPTION_KEYS}
 
 
