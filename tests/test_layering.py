@@ -218,6 +218,37 @@ def test_the_task_kind_check_lives_where_the_run_spec_is_built():
     assert readers == {"study/runspec.py"}
 
 
+def _walks_of_conditional_groups(path: Path) -> list[int]:
+    """Lines that read a conditional group's condition (`.when`, `.active`) or loop over a space's groups
+    (`.conditional` in what a `for` or a comprehension iterates)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ("when", "active"):
+            lines.append(node.lineno)
+        if isinstance(node, ast.For | ast.comprehension) and any(
+                isinstance(n, ast.Attribute) and n.attr == "conditional" for n in ast.walk(node.iter)):
+            lines.append(node.iter.lineno)
+    return sorted(lines)
+
+
+def test_the_walk_of_conditional_groups_has_one_owner():
+    """The sampler, `resolve`, the corner checks and the report all walk the space through
+    `SearchSpace.parameters_to_sample` (define-by-run) or `SearchSpace.every_parameter`: only the space reads a
+    group's condition or loops over its groups."""
+    owners = {"study/space.py", "study/space_parameters.py"}
+    walks = [f"{path.relative_to(REPO).as_posix()}:{line}" for path in MODULES.values()
+             if path.relative_to(REPO).as_posix() not in owners for line in _walks_of_conditional_groups(path)]
+    assert walks == []
+
+
+def test_the_walk_reader_sees_each_way_of_walking_the_groups(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(space, values):\n    for group in space.conditional:\n        if group.active(values):\n"
+                      "            pass\n    return [g.when for i, g in enumerate(space.conditional)], "
+                      "bool(space.conditional)\n")
+    assert _walks_of_conditional_groups(sample) == [2, 3, 5, 5]
+
+
 def _module_level_environment_changes(path: Path) -> list[int]:
     """Lines of statements run on import (outside functions and classes) that change os.environ."""
     changes = []
