@@ -18,14 +18,13 @@ from pydantic import Field, field_validator, model_validator
 
 from study.data import DatasetConfig
 from study.errors import UserError, validate
+from study.evals.spec import Evaluations, check_evaluation
 from study.runspec import (
     HYPERPARAMETER_KEYS,
-    Evaluations,
     Resources,
     RunSpec,
     StageSpec,
     check_data_kind,
-    check_evaluation,
     check_hyperparameter_names,
     check_loss,
     check_stages,
