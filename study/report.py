@@ -111,7 +111,7 @@ def write_report(folder: StudyFolder) -> Path:
     for stale in out.glob("*.png"):  # a figure an earlier report drew and this one does not (e.g. now interactive)
         stale.unlink()
     report = build(space, records, trial_rows(folder), folder, out)
-    report.seeds = record.seeds or [record.seed]
+    report.seeds = record.seeds
     page = out / REPORT_FILE
     page.write_text(render(report))
     try:

@@ -12,21 +12,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 import models
 from models.stlt import stlt_config
 from study.data import DatasetConfig
 from study.errors import UserError, validate
 from study.evals.spec import Evaluations, check_evaluation
+from study.schema import StrictModel
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(StrictModel):
     """Training hyperparameters (the keys of a trial config that are not model keys)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     optimizer: Literal["adamw", "lamb", "sgd", "nanochat"] = Field(
         "adamw", description="AdamW; LAMB as DeiT III runs it (apex FusedLAMB); SGD with momentum beta1 (Nesterov off) "
@@ -82,9 +81,7 @@ OPTION_KEYS: dict[str, str] = {key: name for name, task in TASKS.items() if task
 HYPERPARAMETER_KEYS: frozenset[str] = TRAIN_KEYS | models.MODEL_KEYS | frozenset(OPTION_KEYS)
 
 
-class Resources(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class Resources(StrictModel):
     workers: int = Field(1, ge=1, description="data-parallel Ray Train workers")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each worker holds (also its torch threads)")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker holds (fractions share one)")
@@ -95,11 +92,9 @@ class Resources(BaseModel):
         return max(1, int(self.cpus_per_worker))
 
 
-class StageSpec(BaseModel):
+class StageSpec(StrictModel):
     """A later stage of every run: trained after the stage before it, from what that stage carries forward (its
     model, or the backbone it trained), under the run's one MLflow run, its metrics named `<stage>/<metric>`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", description="names its metrics, <name>/<metric>")
     task: str = Field(description="a registered task (study/tasks)")
@@ -111,7 +106,10 @@ class StageSpec(BaseModel):
     evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the stage ends (language "
                                                                      "models)")
 
-    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+    @field_validator("task")
+    @classmethod
+    def _task(cls, name):
+        return registered_task(name)
 
     def relative_to(self, base: Path) -> "StageSpec":
         """Its relative paths (data, evaluation task folders) read from `base`."""
@@ -119,10 +117,8 @@ class StageSpec(BaseModel):
                                        "evaluate": [e.relative_to(base) for e in self.evaluate]})
 
 
-class RunSpec(BaseModel):
+class RunSpec(StrictModel):
     """One run: everything `lapstudy train` needs to repeat a trial."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     task: str = Field(description=f"a registered task (study/tasks): {', '.join(TASKS)}")
     dataset: DatasetConfig = Field(description="the run's data (a `dataset:` mapping, below)")
@@ -136,7 +132,10 @@ class RunSpec(BaseModel):
                                                                      "(language models)")
     provenance: dict[str, Any] = Field(default_factory=dict, description="where the run came from (study, trial...)")
 
-    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+    @field_validator("task")
+    @classmethod
+    def _task(cls, name):
+        return registered_task(name)
 
     @model_validator(mode="after")
     def _check(self):

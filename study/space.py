@@ -30,13 +30,13 @@ from study.runspec import (
     check_stages,
     complete_hyperparameters,
 )
+from study.schema import StrictModel
 from study.space_parameters import (
     Categorical,
     ConditionalGroup,
     FloatRange,
     Parameter,
     Scalar,
-    StrictModel,
     shorthand_parameters,
 )
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
@@ -72,10 +72,6 @@ class Scheduler(StrictModel):
         return self.kind != "none"
 
 
-def _kind_shorthand(value):
-    return {"kind": value} if isinstance(value, str) else value
-
-
 class SearchSpace(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study name (default folder and experiment)")
     description: str = Field("", description="free text, recorded with the study")
@@ -109,9 +105,21 @@ class SearchSpace(StrictModel):
     evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the first stage ends "
                                                                      "(language models; a later stage has its own)")
 
-    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: shorthand_parameters(v)))
-    _sampler = field_validator("sampler", "scheduler", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
-    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _shorthand(cls, value):
+        return shorthand_parameters(value)
+
+    @field_validator("sampler", "scheduler", mode="before")
+    @classmethod
+    def _kind_shorthand(cls, value):
+        """`sampler: tpe` is short for `sampler: {kind: tpe}` (and so for the scheduler)."""
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, name):
+        return registered_task(name)
 
     @model_validator(mode="after")
     def _check(self):

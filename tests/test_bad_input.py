@@ -174,7 +174,7 @@ def storage(tmp_path_factory) -> Path:
     (study / "trials" / "0.yaml").write_text(yaml.safe_dump({"task": "classification"}))
     (study / "study.json").write_text(json.dumps({
         "name": EXISTING, "space": str(study / "space.yaml"), "created": "2026-11-30T00:00:00+00:00", "seed": 0,
-        "num_samples": 2, "max_concurrent": None,
+        "num_samples": 2, "seeds": [0], "max_concurrent": None,
         "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0}, "tracking_uri": tracking_uri,
         "experiment_id": experiment, "metric": ["val_acc"], "mode": ["max"]}))
     return root

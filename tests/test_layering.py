@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "study"
 # What `study/data` may import from above it: leaves of `study/` that import nothing from `study/` themselves.
-DATA_MAY_IMPORT = frozenset({"study.errors"})
+DATA_MAY_IMPORT = frozenset({"study.errors", "study.schema"})
 
 
 @dataclass(frozen=True)
@@ -322,6 +322,22 @@ def test_the_limit_reader_sees_each_way_of_checking_by_hand(tmp_path):
                       "    if r.gpus_per_worker > 0:\n        return 1\n    at_least(1, args.workers, 'x')\n"
                       "    if cpus_per_worker is not None and not cpus_per_worker > 0:\n        raise ValueError\n")
     assert _limit_checks(sample, {"workers", "gpus_per_worker", "cpus_per_worker"}) == [2, 6, 7]
+
+
+def test_the_schemas_share_one_strict_base_and_one_validator_idiom():
+    """Strictness (unknown keys refused, values frozen) is set once, in study/schema.py; validators are written as
+    decorated methods, not `field_validator(...)(classmethod(lambda ...))`."""
+    owner = STUDY / "schema.py"
+    configs = [f"{path.relative_to(REPO)}:{node.lineno}" for path in MODULES.values() if path != owner
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and ast.unparse(node.func) == "ConfigDict"
+               and any(k.arg == "extra" and getattr(k.value, "value", None) == "forbid" for k in node.keywords)]
+    assert configs == []
+    lambdas = [f"{path.relative_to(REPO)}:{node.lineno}" for path in MODULES.values()
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and ast.unparse(node.func) == "classmethod"
+               and any(isinstance(a, ast.Lambda) for a in node.args)]
+    assert lambdas == []
 
 
 def _module_level_environment_changes(path: Path) -> list[int]:

@@ -8,25 +8,24 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from study.errors import UserError
 from study.evals.sandbox import ALLOW_FLAG, require_code_execution
+from study.schema import StrictModel
 from study.tasks import LanguageModeling
 
 HUMANEVAL = "humaneval"  # study/evals/humaneval.py: generated code run in the sandbox
 GSM8K_CHAT = "gsm8k_chat"  # study/evals/gsm8k.py: GSM8K as nanochat scores a chat model
 OWN_TASKS = (HUMANEVAL, GSM8K_CHAT)  # not lm_eval's: this project's definitions
-HARNESS_EXAMPLES = ("arc_easy", "arc_challenge", "mmlu", "gsm8k")  # lm_eval tasks that messages and help name
+HARNESS_EXAMPLES = ("arc_easy", "arc_challenge", "mmlu", "gsm8k")  # lm_eval tasks that messages name
 EVALUATED_TASK = LanguageModeling.name  # benchmarks evaluate language models
 
 
-class EvaluationSpec(BaseModel):
+class EvaluationSpec(StrictModel):
     """Benchmarks a language-model stage is evaluated on when it ends (study/evals: lm-evaluation-harness, and
     HumanEval in the sandbox), logged as eval_<task>_<metric> with the stage's last epoch. HumanEval runs the code
     the model writes: the command line allows it (`--allow-code-execution`), never a file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     tasks: list[str] = Field(min_length=1, description=f"lm_eval task names ({', '.join(HARNESS_EXAMPLES)}, ...), "
                                                        f"{' and '.join(OWN_TASKS)}")
