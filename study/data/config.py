@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from study.data.nanochat_bpe import NANOCHAT_DOC_CAP, NANOCHAT_MAX_CHARS, NANOCHAT_VOCAB_SIZE
 from study.data.spelling import WORD_LIST_PATH, WORD_LIST_URL
+from study.schema import StrictModel
 
 AugmentLevel = Literal["none", "basic", "three_augment", "dino_multicrop"]
 # The fields that name files or folders: relative ones are read from the folder of the space or config that says so.
@@ -31,9 +32,7 @@ SEGMENTATION = "segmentation"  # images with a per-pixel class mask each
 TRANSLATION = "translation"  # sentence pairs (source, target)
 
 
-class _Source(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class _Source(StrictModel):
     split_seed: int = Field(0, description="seed of the train/validation hold-out split (not the trial seed)")
 
     def relative_to(self, base: Path):
@@ -108,10 +107,8 @@ def _check_crop_and_normalisation(cfg):
     return cfg
 
 
-class BPETraining(BaseModel):
+class BPETraining(StrictModel):
     """How `tokenizer: nanochat` trains its BPE (scripts/tok_train.py's arguments, speedrun.sh's max_chars)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     vocab_size: int = Field(NANOCHAT_VOCAB_SIZE, ge=256 + 9,  # the 256 bytes and the 9 special tokens at least
                             description="tokens, nanochat's 9 special tokens included (nanochat: 2**16 = 65536)")
@@ -489,11 +486,9 @@ CHAT_HUB_PARTS = {  # name: (hub id, hub configuration, default training split)
 }
 
 
-class ChatPart(BaseModel):
+class ChatPart(StrictModel):
     """One set of conversations in a chat mixture: a hub dataset nanochat trains on (tasks/*.py), local JSONL, or one of
     nanochat's spelling tasks generated from a word list (study/data/spelling.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Literal["smoltalk", "mmlu_auxiliary_train", "mmlu", "gsm8k", "arc_easy", "arc_challenge", "jsonl",
                   "spelling_bee", "simple_spelling"] = Field(
