@@ -435,7 +435,7 @@ class _SegmentationSource(_Source):
     shuffle_buffer: int = Field(1024, ge=1, description="rows in each worker's seeded local shuffle buffer")
 
     def read_when(self) -> dict[str, tuple[bool, str | None]]:
-        """segmentation.segmentation_task: the crop and flip are basic's (none evaluates's transform)."""
+        """segmentation.segmentation_task: the crop and flip are basic's (none trains on the evaluation transform)."""
         return dict.fromkeys(("crop_scale", "crop_ratio", "hflip"),
                              (self.augment == "basic", f"augment: basic (here {self.augment})"))
 
