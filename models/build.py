@@ -13,6 +13,7 @@ from models.config import config_from_flat
 from models.encdec import EncDecConfig, EncoderDecoder
 from models.errors import ConfigError
 from models.gpt import GPT, GPTConfig
+from models.keys import renamed_key_problem
 from models.mixers import mixer_keys
 from models.presets import DEFAULT_PRESET, PRESETS
 from models.vit import ViT, ViTConfig
@@ -44,6 +45,8 @@ def resolve_config(config: Mapping) -> dict:
     config_cls = FAMILIES[family][0]
     allowed = {f.name for f in fields(config_cls)} - {"mixer_options"} | {"model", "preset"} | mixer_keys()
     for key in resolved:
+        if renamed_key_problem(key):
+            raise ConfigError(key, renamed_key_problem(key))
         if key not in allowed:
             owners = [name for name, (cfg, _) in FAMILIES.items() if key in {f.name for f in fields(cfg)}]
             hint = f" (it belongs to model {' or '.join(map(repr, owners))})" if owners else ""
