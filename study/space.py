@@ -54,6 +54,9 @@ class Sampler(StrictModel):
 
 
 class EarlyStopping(StrictModel):
+    """Which trials stop before their last epoch (Tune's ASHA, study/search.py's make_scheduler): not the learning
+    rate's decay (`lr_decay`) nor the Laplacian heads per layer (`laplacian_schedule`)."""
+
     kind: Literal["asha", "geometry", "none"] = "asha"
     grace_period: int = Field(1, ge=1, description="asha, geometry: epochs every trial runs before it can be stopped")
     reduction_factor: float = Field(2.0, gt=1, description="asha, geometry: keep the top 1/reduction_factor at each "
