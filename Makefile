@@ -43,17 +43,19 @@ $(STAMP): $(BASE)
 	touch $@
 
 # The full suite, Ray end-to-end and fault tests included (this is what CI runs), in TEST_WORKERS processes
-# (pytest-xdist), a test module to each at a time so that a module's Ray cluster and studies are set up once. The Ray
+# (pytest-xdist), a test module to each at a time so that a module's Ray cluster and studies are set up once, the
+# costliest modules first (tests/conftest.py orders them by their `slow` marks' seconds; xdist's own reordering, by
+# number of tests, is off: it handed the long Ray modules out last, and one worker waited on the other). The Ray
 # studies wait on process start-up a good part of the time: on two cores the suite took 23 minutes in two workers where
 # one took 34 (the same day). Each worker runs its own Ray clusters; every one pins its processes to its own address
 # (study/ray_address.py), or Train's placement-group cleaner asks whichever cluster it finds and removes live groups.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest --numprocesses=$(TEST_WORKERS) --dist=loadfile --durations=15
+	$(BIN)/python -m pytest --numprocesses=$(TEST_WORKERS) --dist=loadfile --no-loadscope-reorder --durations=15
 
 # Skip the slow Ray end-to-end and fault tests while developing.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" --numprocesses=$(TEST_WORKERS) --dist=loadfile
+	$(BIN)/python -m pytest -m "not slow" --numprocesses=$(TEST_WORKERS) --dist=loadfile --no-loadscope-reorder
 
 # The lint alone (the suite runs it too, tests/test_lint.py); `make lint FIX=--fix` applies ruff's safe fixes.
 lint: $(STAMP)
@@ -72,7 +74,7 @@ test-latest:
 	$(if $(CPU_TORCH),$(LATEST)/bin/pip install --quiet $(TORCH_INDEX) "$$(sed -n 's/^ *"\(torch[<>=].*\)",$$/\1/p' pyproject.toml)")
 	$(LATEST)/bin/pip install --quiet -e '.[dev]'
 	$(LATEST)/bin/pip list --format=freeze > $(LATEST)/installed.txt
-	$(LATEST)/bin/python -m pytest --numprocesses=$(TEST_WORKERS) --dist=loadfile --durations=15 \
+	$(LATEST)/bin/python -m pytest --numprocesses=$(TEST_WORKERS) --dist=loadfile --no-loadscope-reorder --durations=15 \
 	    --deselect tests/test_install.py::test_every_locked_distribution_is_installed_at_its_locked_version $(LATEST_TESTS)
 
 # The quickstart study on the embedded default: local Ray, SQLite MLflow store in studies/quickstart, digits.

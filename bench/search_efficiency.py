@@ -5,7 +5,7 @@ cap; and the learning rate) on the shipped digits task, in the space `SPACE` bel
 `EPOCHS` epochs). Two steps:
 
 1. Record (once, cached in `--cache`, default bench/cache/search_efficiency_digits.json): every configuration at the
-   seeds `SEEDS`, trained by the project's own loop (study/stages.py's `run_stages`: the Ray Train loop in Ray
+   seeds `SEEDS`, trained by the project's own loop (study/trial.py's `run_stages`: the Ray Train loop in Ray
    Train's local mode, in this process, on a one-CPU local Ray, as `lapstudy train` runs it; no Tune, no MLflow),
    with the token geometry measured at every epoch. The cache holds every epoch's objective, geometry and seconds.
 2. Replay searches against the cached curves, each with the project's own objects: the samplers of
@@ -119,9 +119,8 @@ def record(cache: Path) -> dict:
 
     from study.data import load_task_data
     from study.runspec import Resources, complete_hyperparameters
-    from study.stages import run_stages
     from study.state import CHECKPOINT_FILE
-    from study.trainer import RunSetup
+    from study.trial import RunSetup, run_stages
 
     space = load_bench_space()
     recorded = json.loads(cache.read_text()) if cache.exists() else {"space": SPACE, "runs": {}}

@@ -132,8 +132,8 @@ def run_plain(trials: list[tuple[RunSpec, dict, int]]) -> dict:
         batch = spec.train.batch_size
         steps = len(x) // batch
         seed_everything(spec.seed)  # the trial's initial weights
-        model = models.build_model(spec.model_config_flat)
-        optimizer = build_optimizer(model, spec.train, slow_lr_scale(spec.model_config_flat))
+        model = models.build_model(spec.resolved.config)
+        optimizer = build_optimizer(model, spec.train, slow_lr_scale(spec.resolved))
         schedule = build_schedule(optimizer, spec.train, steps, spec.epochs)
         for epoch in range(1, epochs_run + 1):
             started = time.perf_counter()

@@ -9,12 +9,12 @@ from dataclasses import fields
 import torch
 from torch import nn
 
-from models.config import config_from_flat
+from models.config import TransformerConfig, config_from_flat
 from models.encdec import EncDecConfig, EncoderDecoder
 from models.errors import ConfigError
 from models.gpt import GPT, GPTConfig
 from models.keys import renamed_key_problem
-from models.mixers import mixer_keys
+from models.mixers import MIXERS, mixer_keys
 from models.presets import DEFAULT_PRESET, PRESETS
 from models.vit import ViT, ViTConfig
 
@@ -22,10 +22,23 @@ FAMILIES: dict[str, tuple[type, type]] = {"vit": (ViTConfig, ViT), "gpt": (GPTCo
                                           "encdec": (EncDecConfig, EncoderDecoder)}
 
 
+def family_keys(family: str) -> frozenset[str]:
+    """The flat-config keys of model `family`: its config dataclass's fields (besides `model`, `preset` and the
+    options of the mixers its layers use)."""
+    return frozenset(f.name for f in fields(FAMILIES[family][0])) - {"mixer_options"}
+
+
 def model_keys() -> frozenset[str]:
     """Every flat-config key `build_model` understands (the study splits trial configs with it)."""
-    own = {f.name for cfg, _ in FAMILIES.values() for f in fields(cfg)} - {"mixer_options"}
-    return frozenset(own | {"model", "preset"} | mixer_keys())
+    return frozenset(set().union(*map(family_keys, FAMILIES)) | {"model", "preset"} | mixer_keys())
+
+
+def read_keys(built: TransformerConfig) -> frozenset[str]:
+    """The flat-config keys the model config `built` (build_config's) reads: its family's, `model`, `preset`, and
+    the options of the mixers its layers use (a model without STLT layers reads no `stlt_*` key)."""
+    family = next(name for name, (cfg, _) in FAMILIES.items() if type(built) is cfg)
+    used = set(built._all_mixer_kinds())
+    return family_keys(family) | {"model", "preset"} | frozenset().union(*(MIXERS[kind].keys for kind in used))
 
 
 def resolve_config(config: Mapping) -> dict:
@@ -42,30 +55,34 @@ def resolve_config(config: Mapping) -> dict:
     if preset not in family_presets:
         raise ConfigError("preset", f"must be one of {', '.join(family_presets)} for model {family!r}, got {preset!r}")
     resolved = {**PRESETS[preset], **config, "model": family, "preset": preset}
-    config_cls = FAMILIES[family][0]
-    allowed = {f.name for f in fields(config_cls)} - {"mixer_options"} | {"model", "preset"} | mixer_keys()
+    allowed = family_keys(family) | {"model", "preset"} | mixer_keys()
     for key in resolved:
         if renamed_key_problem(key):
             raise ConfigError(key, renamed_key_problem(key))
         if key not in allowed:
-            owners = [name for name, (cfg, _) in FAMILIES.items() if key in {f.name for f in fields(cfg)}]
+            owners = [name for name in FAMILIES if key in family_keys(name)]
             hint = f" (it belongs to model {' or '.join(map(repr, owners))})" if owners else ""
             raise ConfigError(key, f"is not a config key of model {family!r}{hint}; see docs/config.md")
     return resolved
 
 
 def build_config(config: Mapping) -> ViTConfig | GPTConfig | EncDecConfig:
-    resolved = resolve_config(config)
+    return config_from_resolved(resolve_config(config))
+
+
+def config_from_resolved(resolved: Mapping) -> ViTConfig | GPTConfig | EncDecConfig:
+    """The config of a flat config that `resolve_config` returned (its preset expanded), validated."""
     config_cls = FAMILIES[resolved["model"]][0]
     return config_from_flat(config_cls, {k: v for k, v in resolved.items() if k not in ("model", "preset")})
 
 
-def build_model(config: Mapping, device: torch.device | str | None = None) -> nn.Module:
-    """Build and initialise a model from a flat config (docs/config.md); every value is validated first.
+def build_model(config: Mapping | TransformerConfig, device: torch.device | str | None = None) -> nn.Module:
+    """Build and initialise a model from a flat config (docs/config.md), every value validated first, or from a
+    config `build_config` built (validated then).
 
     ``device="meta"`` builds the model without allocating it (for parameter counts of large presets).
     """
-    model_config = build_config(config)
+    model_config = config if isinstance(config, TransformerConfig) else build_config(config)
     model_cls = next(model for cfg, model in FAMILIES.values() if type(model_config) is cfg)
     with torch.device(device) if device is not None else nullcontext():
         return model_cls(model_config)

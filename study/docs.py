@@ -11,7 +11,6 @@ import re
 import sys
 import types
 import typing
-from dataclasses import fields
 from pathlib import Path
 
 from annotated_types import Ge, Gt, Le, Lt, MinLen
@@ -158,11 +157,11 @@ def schema_table(model: type[BaseModel]) -> list[str]:
 
 def model_key_table(docs: dict) -> list[str]:
     """The models' keys, with the families that read each one read from their config dataclasses."""
-    from models.build import FAMILIES
+    from models.build import FAMILIES, family_keys
 
     lines = ["| key | models | type | default | meaning |", "|---|---|---|---|---|"]
     for key, doc in docs.items():
-        families = [name for name, (config, _) in FAMILIES.items() if key in {f.name for f in fields(config)}]
+        families = [name for name in FAMILIES if key in family_keys(name)]
         readers = "all" if key in ("model", "preset") or len(families) in (0, len(FAMILIES)) else ", ".join(families)
         lines.append(f"| `{key}` | {readers} | {_cell(doc.type)} | {_cell(doc.default)} | {_cell(doc.meaning)} |")
     return lines

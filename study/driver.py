@@ -33,8 +33,7 @@ from study.storage import join
 from study.sync import sync_runs
 from study.tracking.runs import close_run, open_study_run, record_study_best
 from study.tracking.store import open_experiment, redact, without_credentials
-from study.trainer import plan_run
-from study.trial import StudyContext, trial_driver, trial_name
+from study.trial import StudyContext, plan_run, trial_driver, trial_name
 
 # Tune saves its experiment state (what --resume restores) at most this often: a killed driver loses at most these
 # seconds of Tune's bookkeeping (its default waits 10 s or more between saves).

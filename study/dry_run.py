@@ -26,11 +26,11 @@ def configurations(space: SearchSpace) -> tuple[str, list[dict]]:
             [sampled for sampled, _ in corner_configs(space)])
 
 
-def _model_line(model_config: dict) -> str:
+def _model_line(resolved) -> str:
     import models
 
-    config = models.build_config(model_config)
-    params = models.count_parameters(models.build_model(model_config, device="meta"))
+    model_config, config = resolved.model, resolved.config
+    params = models.count_parameters(models.build_model(config, device="meta"))
     parts = [f"{params:,} parameters", f"model {model_config['model']}"]
     if "vocab_size" in model_config:
         parts.append(f"vocabulary {model_config['vocab_size']:,}")
@@ -48,7 +48,7 @@ def _stage_lines(name: str | None, spec) -> list[str]:
     clip = f"grad_clip {train.grad_clip}" if train.grad_clip > 0 else "no gradient clipping"
     return [f"  {name or 'first stage'} ({spec.task}, data {data}): {spec.epochs} epoch(s) x {steps}, batch "
             f"{train.batch_size}, {clip}",
-            f"    {_model_line(spec.model_config_flat)}"]
+            f"    {_model_line(spec.resolved)}"]
 
 
 def describe_study(space: SearchSpace, name: str, options: RunOptions) -> str:

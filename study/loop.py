@@ -38,7 +38,7 @@ from study.yamlio import dump_yaml
 
 @dataclass(frozen=True)
 class StageContext:
-    """Where a stage stands in its run (study/stages.py)."""
+    """Where a stage stands in its run (study/trial.py: run_stages)."""
 
     name: str | None = None  # None: the run's first stage, whose metrics keep their names
     epoch_offset: int = 0  # the epochs of the stages before it: its epoch e is the run's epoch offset + e
@@ -81,11 +81,11 @@ def train_loop_per_worker(loop_config: dict) -> dict:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     seed_everything(spec.seed)  # the same initial weights on every worker
-    task_type = task_class(spec.task)
-    model = task_type.build_model(spec.model_config_flat, spec.hyperparameters, stage.carried())
+    task_type, resolved = task_class(spec.task), spec.resolved  # the stage's hyperparameters, validated once
+    model = task_type.build_model(resolved, stage.carried())
     num_params = models.count_parameters(model)
     wrapped = host.prepare_model(model)
-    optimizer = build_optimizer(model, spec.train, slow_lr_scale(spec.model_config_flat))
+    optimizer = build_optimizer(model, spec.train, slow_lr_scale(resolved))
     state = TrainState(model, wrapped, optimizer,
                        build_schedule(optimizer, spec.train, plan.steps_per_epoch, spec.epochs))
     state.restore(host.latest_checkpoint(), worker.device)
@@ -101,7 +101,7 @@ def train_loop_per_worker(loop_config: dict) -> dict:
                        {**stage.carried_metrics, **state.history[-1], "mlflow_run_id": state.mlflow_run_id, **origin})
 
     logger = _open_run(target, spec, num_params, task_data.params, state) if worker.rank == 0 else None
-    task = task_type(model, worker, seed=spec.seed, geometry=spec.geometry, hyperparameters=spec.hyperparameters)
+    task = task_type(model, worker, seed=spec.seed, geometry=spec.geometry, resolved=resolved)
     shards = {split: ray.train.get_dataset_shard(split) for split in task_data.splits}
     train_shard = shards["train"]
     eval_batches = EvalSplits(task_data, shards, 2 * plan.batch_per_worker, worker.device)

@@ -160,11 +160,11 @@ def build_optimizer(model, train: TrainConfig, slow_scale: float):
     groups = model.param_groups(train.weight_decay, slow_scale)
     for group in groups:
         group["lr"] = train.lr * group["lr_scale"]
+    if train.optimizer == "sgd":  # coupled weight decay, as torch's SGD (and eval_linear.py) apply it
+        return torch.optim.SGD(groups, lr=train.lr, momentum=train.beta1, weight_decay=train.weight_decay)
     betas = (train.beta1, train.beta2)
     if train.optimizer == "lamb":  # DeiT III's FusedLAMB: each group's decay also decides its trust ratio
         return Lamb(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
-    if train.optimizer == "sgd":  # coupled weight decay, as torch's SGD (and eval_linear.py) apply it
-        return torch.optim.SGD(groups, lr=train.lr, momentum=train.beta1, weight_decay=train.weight_decay)
     return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
 
 

@@ -9,7 +9,10 @@ keys (`TrainConfig` below) to the training loop.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -75,6 +78,42 @@ class TrainConfig(BaseModel):
         if self.lr_decay == "inverse_sqrt" and self.warmup_epochs == 0 and self.optimizer != "nanochat":
             raise ValueError("lr_decay: inverse_sqrt decays from the end of the warm-up; set warmup_epochs > 0")
         return self
+
+    def read_keys(self, task: str) -> frozenset[str]:
+        """The training keys a run of `task` with these settings reads, so what it records: the loop's, the
+        optimiser's and the learning-rate schedule's (study/optim.py), and the task's own (`Task.reads_training`).
+        Any other key changes nothing in training."""
+        owner = task_class(task)
+        keys = {"optimizer", "batch_size", "grad_clip", "steps_per_epoch", "precision", "weight_decay",
+                "warmup_epochs", *owner.reads_training}
+        if self.param_data_ratio is not None:  # it sets steps_per_epoch
+            keys.add("param_data_ratio")
+        if self.optimizer == "nanochat":  # its own learning rates, and its warm-down to min_lr_ratio
+            return frozenset(keys | {"matrix_lr", "embedding_lr", "unembedding_lr", "warmdown_ratio",
+                                     "muon_momentum_warmup", "min_lr_ratio"})
+        keys |= {"lr", "beta1"} | ({"beta2", "eps"} if self.optimizer in ("adamw", "lamb") else set())
+        if owner.own_lr_schedule or self.lr_decay == "cosine":
+            keys.add("min_lr_ratio")
+        if not owner.own_lr_schedule:
+            keys.add("lr_decay")
+        return frozenset(keys)
+
+    def check_set_keys_read(self, task: str, where: str) -> None:
+        """UserError for a key set to other than its default that this run does not read (a default changes
+        nothing: a config exported with every key still runs), naming the settings that would read it."""
+        read = self.read_keys(task)
+        for key in sorted(self.model_fields_set - read):
+            if getattr(self, key) == TrainConfig.model_fields[key].default:
+                continue
+            for setting in ("lr_decay", "optimizer"):
+                readers = [value for value in typing.get_args(TrainConfig.model_fields[setting].annotation)
+                           if key in self.model_copy(update={setting: value}).read_keys(task)]
+                if readers:
+                    raise UserError(f"{where}.{key}: is read with {setting} {' or '.join(readers)}, not "
+                                    f"{getattr(self, setting)} as here (leave it out)", field=key)
+            readers = [name for name in TASKS if key in self.read_keys(name)]
+            raise UserError(f"{where}.{key}: is read by task {' or '.join(readers)}, not {task} (leave it out)",
+                            field=key)
 
 
 TRAIN_KEYS: frozenset[str] = frozenset(TrainConfig.model_fields)
@@ -210,8 +249,11 @@ class RunSpec(BaseModel):
         runs = [(None, 0, self.model_copy(update={"stages": []}))]
         offset = self.epochs
         for stage in self.stages:
+            # the run's training keys that the stage reads (another optimiser's are not its settings)
+            merged = {k: v for k, v in {**self.hyperparameters, **stage.hyperparameters}.items() if k in TRAIN_KEYS}
+            training = TrainConfig.model_construct(**merged).read_keys(stage.task)
             kept = {k: v for k, v in self.hyperparameters.items()
-                    if k in models.MODEL_KEYS | TRAIN_KEYS and k not in task_class(stage.task).data_sets}
+                    if (k in models.MODEL_KEYS or k in training) and k not in task_class(stage.task).data_sets}
             runs.append((stage.name, offset, self.model_copy(update={
                 "task": stage.task, "epochs": stage.epochs, "dataset": stage.dataset or self.dataset,
                 "hyperparameters": {**kept, **stage.hyperparameters}, "geometry": stage.geometry or self.geometry,
@@ -235,12 +277,17 @@ class RunSpec(BaseModel):
             for stage in self.stages]})
 
     @property
+    def resolved(self) -> Resolved:
+        """Its hyperparameters resolved (`resolve`, cached: the resolution they came from, when they did)."""
+        return resolve(self.hyperparameters, self.task, {}, epochs=self.epochs)
+
+    @property
     def train(self) -> TrainConfig:
-        return train_config(self.hyperparameters)
+        return self.resolved.train
 
     @property
     def model_config_flat(self) -> dict:
-        return model_part(self.hyperparameters)
+        return dict(self.resolved.model)
 
     def document(self) -> dict:
         """The run as a YAML-ready document (what config.yaml, trials/<id>.yaml and `lapstudy export` hold)."""
@@ -308,15 +355,16 @@ def train_config(hyperparameters: dict, where: str = "hyperparameters") -> Train
     return validate(TrainConfig, {k: v for k, v in hyperparameters.items() if k in TRAIN_KEYS}, prefix=f"{where}.")
 
 
-def task_options(hyperparameters: dict, task: str, where: str = "hyperparameters") -> dict:
-    """The task's own keys of `hyperparameters`, checked, with their defaults; UserError for another task's key."""
+def task_options(hyperparameters: dict, task: str, where: str = "hyperparameters") -> BaseModel | None:
+    """The task's own keys of `hyperparameters`, checked, with their defaults (None: the task has none); UserError
+    for another task's key."""
     owner = task_class(task)
     for key in hyperparameters:
         if key in OPTION_KEYS and OPTION_KEYS[key] != task:
             raise UserError(f"{where}.{key}: is a key of task {OPTION_KEYS[key]}, not of {task}", field=key)
     if owner.options is None:
-        return {}
-    return validate(owner.options, owner.option_values(hyperparameters), prefix=f"{where}.").model_dump()
+        return None
+    return validate(owner.options, owner.option_values(hyperparameters), prefix=f"{where}.")
 
 
 def check_hyperparameter_names(names, where: str) -> None:
@@ -350,61 +398,109 @@ def check_run_config(hyperparameters: dict, task: str, where: str = "hyperparame
     made before the data is opened: a problem with a key the data shapes (DATA_SHAPED_KEYS) waits for the full
     check after, and None is returned."""
     try:
-        return _check_run_config(hyperparameters, task, where)
+        return _validated(hyperparameters, task, where).model
     except UserError as exc:
         if before_data and exc.field in DATA_SHAPED_KEYS:
             return None
         raise
 
 
-def _check_run_config(hyperparameters: dict, task: str, where: str) -> dict:
-    train_config(hyperparameters, where)
-    task_options(hyperparameters, task, where)
+@dataclass(frozen=True)
+class Resolved:
+    """One stage's flat hyperparameters resolved: each part validated once (the cached result of `resolve`; read
+    it, never change it)."""
+
+    task: str
+    model: dict  # the flat model config, preset expanded (an STLT layer's options with their defaults)
+    config: models.TransformerConfig  # what `model` builds (models.build_config): each layer's mixer and heads
+    train: TrainConfig  # the training keys with their defaults (steps_per_epoch derived from param_data_ratio)
+    options: BaseModel | None  # the task's own keys with their defaults (`Task.options`; None: it has none)
+
+    @property
+    def hyperparameters(self) -> dict:
+        """Every hyperparameter the run reads, explicitly, flat: what MLflow records and `lapstudy export` writes.
+        Left out: the model keys its family and mixers do not read (models.read_keys) and the training keys its
+        optimiser, schedule and task do not (TrainConfig.read_keys); those are defaults (a set one is refused), so
+        a re-run of the rest is the same run."""
+        complete = {**self.model, **self.train.model_dump(), **(self.options.model_dump() if self.options else {})}
+        read = models.read_keys(self.config) | self.train.read_keys(self.task)
+        return {k: v for k, v in complete.items() if k in read or k in OPTION_KEYS}
+
+
+def _validated(hyperparameters: dict, task: str, where: str) -> Resolved:
+    """The training keys, the task's keys and the model config of `hyperparameters`, each validated once; the model
+    fits the task (steps_per_epoch is not derived yet)."""
+    train = train_config(hyperparameters, where)
+    train.check_set_keys_read(task, where)
+    options = task_options(hyperparameters, task, where)
     family = task_class(task).model_family
     flat = model_part(hyperparameters)
     if "model" not in flat and "preset" not in flat:
         flat = {"model": family, **flat}
     try:
-        resolved = models.resolve_config(flat)
-        models.build_config(flat)
+        model = models.resolve_config(flat)
+        config = models.config_from_resolved(model)
     except models.ConfigError as exc:
         raise UserError(f"{where}.{exc.field}: {str(exc).removeprefix(exc.field + ': ')}", field=exc.field) from None
-    if hyperparameters.get("optimizer") == "nanochat" and family != "gpt":
+    if train.optimizer == "nanochat" and family != "gpt":
         raise UserError(f"{where}.optimizer: nanochat splits a GPT's parameters (Muon for the blocks, AdamW for "
                         f"embedding and head); task {task} trains {family!r}: use adamw, lamb or sgd",
                         field="optimizer")
-    if resolved["model"] != family:
+    if model["model"] != family:
         raise UserError(
-            f"{where}.model: task {task} trains model {family!r}, got {resolved['model']!r}",
+            f"{where}.model: task {task} trains model {family!r}, got {model['model']!r}",
             field="model",
         )
+    return Resolved(task, model, config, train, options)
+
+
+# Resolutions by (hyperparameters, data overrides, task, epochs), each also under its own complete hyperparameters:
+# a run built from a resolution and read again (RunSpec.resolved) finds it instead of validating anew.
+_RESOLVED: dict[tuple, Resolved] = {}
+_RESOLVED_KEPT = 256
+
+
+def _resolution_key(hyperparameters: dict, data_overrides: dict, task: str, epochs: int) -> tuple:
+    return *(json.dumps(d, sort_keys=True, default=repr) for d in (hyperparameters, data_overrides)), task, epochs
+
+
+def resolve(hyperparameters: dict, task: str, data_overrides: dict, *, epochs: int,
+            where: str = "hyperparameters") -> Resolved:
+    """Every hyperparameter a stage of `epochs` epochs uses, explicitly: the data's model keys applied, the model
+    preset expanded, the training defaults filled in and steps_per_epoch derived from param_data_ratio. Training
+    keys, task keys and model config are each validated once per process; a resolution's own complete
+    hyperparameters resolve to it without a second validation."""
+    key = _resolution_key(hyperparameters, data_overrides, task, epochs)
+    if key in _RESOLVED:
+        return _RESOLVED[key]
+    resolved = _validated(apply_data_overrides(hyperparameters, data_overrides, where), task, where)
+    if "stlt" in resolved.config.mixer_kinds:  # STLT layers: their options with defaults too
+        resolved.model.update(dataclasses.asdict(stlt_config(resolved.model)))
+    if resolved.train.param_data_ratio is not None:
+        steps = ratio_steps_per_epoch(resolved, epochs, where)
+        resolved = dataclasses.replace(resolved, train=resolved.train.model_copy(update={"steps_per_epoch": steps}))
+    if len(_RESOLVED) >= _RESOLVED_KEPT:
+        _RESOLVED.clear()
+    _RESOLVED[key] = _RESOLVED[_resolution_key(resolved.hyperparameters, {}, task, epochs)] = resolved
     return resolved
 
 
 def complete_hyperparameters(hyperparameters: dict, data_overrides: dict, task: str, where: str = "hyperparameters",
                              *, epochs: int) -> dict:
-    """Every hyperparameter a run of `epochs` epochs uses, explicitly: the data's model keys applied, the model
-    preset expanded, the training defaults filled in and steps_per_epoch derived from param_data_ratio. This is what
-    MLflow records and `lapstudy export` writes."""
-    with_data = apply_data_overrides(hyperparameters, data_overrides, where)
-    model = check_run_config(with_data, task, where)
-    if "stlt" in models.build_config(model).mixer_kinds:  # STLT layers: their options with defaults too
-        model.update(dataclasses.asdict(stlt_config(model)))
-    training = train_config(with_data, where).model_dump()
-    if training["param_data_ratio"] is not None:
-        training["steps_per_epoch"] = ratio_steps_per_epoch(model, training, epochs, where)
-    return {**model, **training, **task_options(with_data, task, where)}
+    """`resolve`'s hyperparameters, all of them flat: what MLflow records and `lapstudy export` writes."""
+    return resolve(hyperparameters, task, data_overrides, epochs=epochs, where=where).hyperparameters
 
 
-def ratio_steps_per_epoch(model_config: dict, training: dict, epochs: int, where: str = "hyperparameters") -> int:
+def ratio_steps_per_epoch(resolved: Resolved, epochs: int, where: str = "hyperparameters") -> int:
     """nanochat base_train's horizon: num_iterations = target_param_data_ratio x num_params // total_batch_size,
     num_params counted on the model this config builds, total_batch_size = batch_size x context_length tokens; the
     steps split evenly over the epochs."""
+    model_config, training = resolved.model, resolved.train.model_dump()
     if "context_length" not in model_config:
         raise UserError(f"{where}.param_data_ratio: counts tokens per step (batch_size x context_length), for "
                         f"language models; model {model_config['model']!r} has no context_length",
                         field="param_data_ratio")
-    num_params = models.count_parameters(models.build_model(model_config, device="meta"))
+    num_params = models.count_parameters(models.build_model(resolved.config, device="meta"))
     tokens_per_step = training["batch_size"] * model_config["context_length"]
     total = int(training["param_data_ratio"] * num_params) // tokens_per_step
     if total < epochs or total % epochs:
@@ -419,8 +515,8 @@ def ratio_steps_per_epoch(model_config: dict, training: dict, epochs: int, where
     return total // epochs
 
 
-def slow_lr_scale(model_config: dict) -> float:
+def slow_lr_scale(resolved: Resolved) -> float:
     """Learning-rate factor of the mixers' slow parameters (STLT sigma/omega: `stlt_lr_scale`)."""
-    if "stlt" in models.build_config(model_config).mixer_kinds:
-        return stlt_config(model_config).stlt_lr_scale
+    if "stlt" in resolved.config.mixer_kinds:
+        return stlt_config(resolved.model).stlt_lr_scale
     return 1.0

@@ -413,7 +413,7 @@ class SearchSpace(StrictModel):
                 known["vocab_size"] = planned[-1][1].hyperparameters["vocab_size"]  # it reads the BPE before it
             if name is None:
                 where = "hyperparameters"
-            else:  # as study/stages.py: the keys the stage carries forward are not the data's to set
+            else:  # as study/trial.py's run_stages: the keys the stage carries forward are not the data's to set
                 known = {k: v for k, v in known.items() if k not in task_class(stage.task).carried_sets}
                 where = f"stages.{name}.hyperparameters"
             complete = complete_hyperparameters(stage.hyperparameters, known, stage.task, where, epochs=stage.epochs)

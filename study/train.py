@@ -14,14 +14,13 @@ from study.evals.evaluate import check_evaluations
 from study.preflight import Request, preflight
 from study.resources import trains_in_trial
 from study.runspec import RunSpec, complete_hyperparameters
-from study.stages import run_stages
 from study.status import TrialStatus, trial_status
 from study.storage import is_remote, join, write_text
 from study.tasks import task_class
 from study.tracking.run_logger import TrackingTarget
 from study.tracking.runs import close_run
 from study.tracking.store import open_experiment, redact
-from study.trainer import RunSetup, plan_run
+from study.trial import RunSetup, plan_run, run_stages
 from study.yamlio import dump_yaml
 
 EXPERIMENT = "lapstudy-train"

@@ -23,6 +23,7 @@ from study.data.config import ChatPart
 from study.data.spelling import read_words, simple_spelling, simple_spelling_words, spelling_bee
 from study.data.text import Tokenizer, TokenTargets
 from study.errors import UserError
+from study.runspec import resolve
 from study.tasks import GeometrySpec, task_class
 from study.worker import Worker
 
@@ -100,7 +101,8 @@ def test_masked_loss_counts_only_assistant_tokens():
             if rows["loss_mask"][r, t + 1]:
                 terms.append(-torch.log_softmax(logits[r, t], -1)[int(rows["tokens"][r, t + 1])].item())
     task = task_class("language_modeling")(torch.nn.Module(), Worker(0, 1, torch.device("cpu")), seed=0,
-                                           geometry=GeometrySpec(), hyperparameters={})
+                                           geometry=GeometrySpec(),
+                                           resolved=resolve({}, "language_modeling", {}, epochs=1))
     loss = task.loss(lambda ids: logits, batch)
     assert len(terms) == int(rows["loss_mask"][:, 1:].sum()) and loss.item() == pytest.approx(sum(terms) / len(terms))
     sums = dict(zip(task.sum_names, task.eval_sums(logits, batch).tolist()))

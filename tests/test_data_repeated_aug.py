@@ -13,7 +13,7 @@ from data_fixtures import ray_local  # noqa: F401
 from study.data import TaskData, check_dataset, load_task_data, parse_dataset_config
 from study.data.images import ImageSpec, transform_batch
 from study.errors import UserError
-from study.trainer import plan_run
+from study.trial import plan_run
 
 WHOLE_IMAGE = {"crop_scale": [1.0, 1.0], "crop_ratio": [1.0, 1.0]}  # the crop is the image: copies differ by a flip
 

@@ -35,7 +35,7 @@ from reference_vits import deit3_forward, deit3_parameter_shapes, project_to_ref
 from study.data import config as data_config
 from study.data.images import ImageSpec, color_jitter, eval_images, gaussian_blur, three_augment, train_images
 from study.optim import Lamb, build_optimizer
-from study.runspec import TRAIN_KEYS, TrainConfig
+from study.runspec import TRAIN_KEYS, TrainConfig, resolve
 from study.space import load_space
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
@@ -461,7 +461,8 @@ def test_classification_nc4_compares_the_vits_own_predictions_with_the_nearest_c
     batches = [{"image": torch.randn(40, 1, 8, 8, dtype=torch.float64), "label": torch.arange(40) % 4}
                for _ in range(2)]
     task = task_class("classification")(vit, Worker(0, 1, torch.device("cpu")), seed=0,
-                                        geometry=GeometrySpec(pca_points=20), hyperparameters={})
+                                        geometry=GeometrySpec(pca_points=20),
+                                        resolved=resolve({}, "classification", {}, epochs=1))
     metrics = task.evaluate(batches, autocast=nullcontext(), geometry=True).metrics
 
     images, labels = torch.cat([b["image"] for b in batches]), torch.cat([b["label"] for b in batches])

@@ -12,6 +12,7 @@ import torch
 
 from models import build_model, count_parameters
 from reference_vits import dino_forward, dino_head_forward, dino_parameter_shapes, project_to_reference
+from study.runspec import resolve
 from study.space import load_space
 from study.tasks.dino import DINO, clip_each_gradient_
 
@@ -120,7 +121,7 @@ def _student(depth=2, out_dim=300):
     keys = ("preset", "layer_scale_init", "drop_path", "drop_path_by_depth", "class_pos_embed")
     config = {**{key: SPACE.fixed[key] for key in keys}, "depth": depth, "k": 0}
     torch.manual_seed(0)
-    model = DINO.build_model(config, {"dino_out_dim": out_dim}, None).double()
+    model = DINO.build_model(resolve({**config, "dino_out_dim": out_dim}, "dino", {}, epochs=1), None).double()
     with torch.no_grad():
         for p in model.student.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -215,7 +216,7 @@ STEPS_PER_EPOCH, EPOCHS = 3, 2
 
 def _small_dino():
     torch.manual_seed(0)
-    model = DINO.build_model(SMALL, SMALL_OPTIONS, None).double()
+    model = DINO.build_model(resolve({**SMALL, **SMALL_OPTIONS}, "dino", {}, epochs=EPOCHS), None).double()
     g = torch.Generator().manual_seed(1)
     batches = [[torch.randn(4, 3, size, size, generator=g, dtype=torch.float64) for size in (32, 32, 16, 16)]
                for _ in range(STEPS_PER_EPOCH * EPOCHS)]
@@ -237,7 +238,7 @@ def _project_steps(model, batches, state=None):
         optimizer = build_optimizer(model, train, 1.0)
         state = TrainState(model, model, optimizer, build_schedule(optimizer, train, STEPS_PER_EPOCH, EPOCHS))
     task = DINO(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(),
-                hyperparameters={**SMALL, **SMALL_OPTIONS, **train.model_dump()})
+                resolved=resolve({**SMALL, **SMALL_OPTIONS, **SMALL_TRAIN}, "dino", {}, epochs=EPOCHS))
     for crops in batches:
         task.train_step(state, {"crops": crops, "label": torch.arange(4)},
                         StepSettings(nullcontext(), train.grad_clip, STEPS_PER_EPOCH, EPOCHS))

@@ -188,12 +188,12 @@ def test_the_keys_that_are_not_metrics_or_hyperparameters_are_spelled_out_once()
 
 
 def test_every_reader_filters_by_the_owners_sets():
-    from study import bookkeeping, loop, results, stages, sync
+    from study import bookkeeping, loop, results, sync, trial
     from study.tracking import run_logger
 
     assert sync.TUNE_ADDED is bookkeeping.TUNE_ADDED
     assert run_logger.RAY_ONLY is bookkeeping.RAY_ONLY and run_logger.EPOCH is bookkeeping.EPOCH
-    assert loop.BOOKKEEPING is bookkeeping.BOOKKEEPING and stages.BOOKKEEPING is bookkeeping.BOOKKEEPING
+    assert loop.BOOKKEEPING is bookkeeping.BOOKKEEPING and trial.BOOKKEEPING is bookkeeping.BOOKKEEPING
     assert results.TRIAL_IDENTITY is bookkeeping.TRIAL_IDENTITY  # the report names trials by results' `sampled`
     for old_name in ("TUNE_KEYS", "RAY_ONLY_KEYS"):
         assert not hasattr(sync, old_name) and not hasattr(run_logger, old_name)

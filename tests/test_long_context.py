@@ -23,11 +23,13 @@ from study.data.task_data import context_split
 from study.data.text import Tokenizer, TokenTargets, document_windows, pack_documents
 from study.data.text_sources import wikitext_articles
 from study.errors import UserError
+from study.runspec import resolve
 from study.tasks.base import GeometrySpec
 from study.tasks.language_modeling import LanguageModeling, context_metric
 from study.worker import Worker
 
 WORKER = Worker(0, 1, torch.device("cpu"))
+NO_KEYS = resolve({}, "language_modeling", {}, epochs=1)  # the task's own keys at their defaults
 
 
 class Splits:
@@ -56,7 +58,7 @@ def test_val_ppl_is_the_exponentiated_mean_next_token_loss_over_the_packed_strea
     model = models.build_model({"preset": "gpt_tiny", "depth": 2, "context_length": 16, "mixer": "stlt,attention",
                                 "stlt_nodes": 4}).eval()
     stream = np.random.default_rng(0).integers(0, 256, 300).astype(np.int32)
-    task = LanguageModeling(model, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters={})
+    task = LanguageModeling(model, WORKER, seed=0, geometry=GeometrySpec(), resolved=NO_KEYS)
     task.setup(Splits({"val": _windows(stream, 16, 8)}))
     metrics = task.evaluate(_windows(stream, 16, 8), autocast=nullcontext(), geometry=False).metrics
     assert metrics["val_ppl"] == pytest.approx(math.exp(metrics["val_loss"]))
@@ -176,7 +178,7 @@ def _evaluate(rows: dict[str, list[dict]], batch_steps, model, worker=WORKER) ->
             yield batch_steps.evaluate({key: torch.from_numpy(np.stack([row[key] for row in mine[i:i + 3]]))
                                         for key in mine[0]})
 
-    task = LanguageModeling(model, worker, seed=0, geometry=GeometrySpec(), hyperparameters={})
+    task = LanguageModeling(model, worker, seed=0, geometry=GeometrySpec(), resolved=NO_KEYS)
     task.setup(Splits({split: list(batches(split)) for split in rows}))
     return task.evaluate(batches("val"), autocast=nullcontext(), geometry=False).metrics
 

@@ -15,7 +15,7 @@ import torch
 from models import build_model
 from study.errors import UserError
 from study.optim import NanochatOptimizer, build_optimizer, build_schedule, peak_lr
-from study.runspec import TrainConfig, check_run_config
+from study.runspec import TrainConfig, check_run_config, resolve
 from study.state import CHECKPOINT_FILE, TrainState
 from study.tasks import GeometrySpec, StepSettings, task_class
 from study.worker import Worker
@@ -40,7 +40,8 @@ def _batch(seed: int = 0) -> dict:
 
 
 def _step(state: TrainState, batch: dict, steps_per_epoch: int = 10, epochs: int = 2) -> torch.Tensor:
-    task = task_class("language_modeling")(state.model, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters={})
+    task = task_class("language_modeling")(state.model, WORKER, seed=0, geometry=GeometrySpec(),
+                                           resolved=resolve({}, "language_modeling", {}, epochs=epochs))
     return task.train_step(state, batch, StepSettings(nullcontext(), 1.0, steps_per_epoch, epochs))
 
 

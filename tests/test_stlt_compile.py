@@ -15,7 +15,7 @@ from models.stlt.triton_op import MAX_NODES, launch_variants, recorded_launches,
 from tests.stlt_fixtures import one_thread  # noqa: F401
 
 MISSING = toolchain_missing()
-pytestmark = pytest.mark.triton
+pytestmark = [pytest.mark.triton, pytest.mark.slow(seconds=130)]  # 100 launch variants compiled
 needs_toolchain = pytest.mark.skipif(MISSING is not None, reason=f"cannot compile for an NVIDIA GPU here: {MISSING}")
 
 

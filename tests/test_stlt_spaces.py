@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from study.runspec import complete_hyperparameters, model_part
+from study.runspec import complete_hyperparameters, model_part, resolve
 from study.space import load_space
 from study.tasks import GeometrySpec, task_class
 from study.worker import Worker
@@ -55,9 +55,9 @@ def stlt_points():
 def test_the_regulariser_at_initialisation_is_a_small_fraction_of_the_loss(space, hyperparameters):
     task_type = task_class(space.task)
     torch.manual_seed(0)
-    model = task_type.build_model(model_part(hyperparameters), hyperparameters, None)
-    task = task_type(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(),
-                     hyperparameters=hyperparameters)
+    resolved = resolve(hyperparameters, space.task, {}, epochs=space.epochs)
+    model = task_type.build_model(resolved, None)
+    task = task_type(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(), resolved=resolved)
     model.train()
     model.set_training_step(hyperparameters["stlt_reg_start_step"], 2 * hyperparameters["stlt_reg_start_step"])
     loss = task.loss(model, a_batch(space, model_part(hyperparameters), torch.Generator().manual_seed(0)))

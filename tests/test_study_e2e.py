@@ -13,7 +13,7 @@ import yaml
 from fault_fixtures import ray_without_dashboard, study_run
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=500)
 
 EPOCHS = 8
 GOOD, SECOND, BAD = {"lr": 5.0e-3, "k": 0}, {"lr": 5.0e-3, "k": 2}, {"lr": 1.0e-6, "k": 2}
@@ -91,8 +91,13 @@ def test_study_finishes_with_one_mlflow_run_per_trial(vit_study):
         assert run.info.run_name == f"trial_{trial_id}"
         assert run.info.status in ("FINISHED", "KILLED")
         params = run.data.params
-        for key in ("lr", "k", "preset", "task", "seed", "batch_size", "weight_decay", "optimizer", "depth"):
+        for key in ("lr", "k", "preset", "task", "seed", "batch_size", "weight_decay", "optimizer", "depth",
+                    "beta2", "eps", "min_lr_ratio"):  # AdamW's and the cosine's defaults too
             assert key in params, key
+        # ... and nothing AdamW, the cosine, classification or an attention ViT do not read
+        unread = {"matrix_lr", "embedding_lr", "warmdown_ratio", "muon_momentum_warmup", "param_data_ratio",
+                  "dino_out_dim", "stlt_nodes", "vocab_size"}
+        assert not unread & set(params), sorted(unread & set(params))
         # what the data resolved to: digits' 1797 images, 20% held out
         assert (params["data.num_train"], params["data.num_val"], params["data.source"]) == ("1437", "360", "digits")
         assert math.isclose(float(params["lr"]), rows[0]["config"]["lr"]) and params["preset"] == "vit_tiny_digits"

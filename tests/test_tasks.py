@@ -18,10 +18,16 @@ from models.geometry import (
     patch_spectral_decay,
     variance_decomposition,
 )
+from study.runspec import resolve
 from study.tasks import GeometrySpec, task_class
 from study.worker import Worker
 
 WORKER = Worker(0, 1, torch.device("cpu"))
+
+
+def _resolved(task: str, hyperparameters: dict | None = None):
+    """A stage's resolved hyperparameters, as the training loop hands them to a task."""
+    return resolve(hyperparameters or {}, task, {}, epochs=1)
 
 
 def _layer_tokens(model, x: torch.Tensor, embed) -> list[torch.Tensor]:
@@ -46,7 +52,7 @@ def test_classification_evaluation_and_every_layers_geometry():
     batches = [{"image": torch.randn(24, 1, 8, 8, dtype=torch.float64), "label": torch.arange(24) % 5}
                for _ in range(3)]
     task = task_class("classification")(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=50),
-                                        hyperparameters={})
+                                        resolved=_resolved("classification"))
     evaluation = task.evaluate(batches, autocast=nullcontext(), geometry=True)
     images, labels = torch.cat([b["image"] for b in batches]), torch.cat([b["label"] for b in batches])
     with torch.no_grad():
@@ -83,7 +89,7 @@ def test_language_model_evaluation_and_every_layers_geometry():
     model = models.build_model({"preset": "gpt_tiny", "k": 1, "depth": 2}).double().eval()
     tokens = torch.randint(0, 12, (6, 17))  # a small alphabet: the top targets cover most positions
     batch = {"input_ids": tokens[:, :-1], "targets": tokens[:, 1:], "target_bytes": torch.ones(6, 16, dtype=torch.long)}
-    task = task_class("language_modeling")(model, WORKER, seed=0, hyperparameters={},
+    task = task_class("language_modeling")(model, WORKER, seed=0, resolved=_resolved("language_modeling"),
                                            geometry=GeometrySpec(top_targets=5, pca_points=50))
     task.setup(ValidationOnly([batch]))
     evaluation = task.evaluate([batch], autocast=nullcontext(), geometry=True)
@@ -109,7 +115,7 @@ def test_bce_loss_is_deit3s_binary_cross_entropy_on_the_mixed_targets():
     mixed[torch.arange(6), torch.arange(6)] = 0.7
     mixed[torch.arange(6), (torch.arange(6) + 3) % 10] = 0.3
     task = task_class("classification")(model, WORKER, seed=0, geometry=GeometrySpec(),
-                                        hyperparameters={"loss": "bce"})
+                                        resolved=_resolved("classification", {"loss": "bce"}))
     loss = task.loss(model, {"image": images, "label": torch.arange(6), "soft_label": mixed})
     p = torch.sigmoid(model(images).float()).double()
     positive = (mixed > 0).double()
@@ -144,13 +150,13 @@ def test_linear_probe_trains_only_its_classifier_on_the_carried_backbone():
 
     def probe_accuracy(carried):
         torch.manual_seed(1)
-        options = {"probe_blocks": 1}
+        resolved = _resolved("linear_probe", {**config, "probe_blocks": 1})
         probe_type = task_class("linear_probe")
-        probe = probe_type.build_model(config, options, carried)
+        probe = probe_type.build_model(resolved, carried)
         train = TrainConfig(lr=0.05, weight_decay=0.0, optimizer="sgd")
         optimizer = build_optimizer(probe, train, 1.0)
         state = TrainState(probe, probe, optimizer, build_schedule(optimizer, train, 22, 5))
-        task = probe_type(probe, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters=options)
+        task = probe_type(probe, WORKER, seed=0, geometry=GeometrySpec(), resolved=resolved)
         before = {k: v.clone() for k, v in probe.backbone.state_dict().items()}
         for _ in range(5):
             probe.train()
@@ -176,10 +182,11 @@ def _dino(hyperparameters: dict | None = None):
     # LayerScale off: an untrained backbone's class token then depends on the image (with 1e-4 it hardly does)
     config = models.resolve_config({"preset": "vit_tiny_digits", "depth": 2, "num_classes": 10,
                                     "layer_scale_init": 0.0})
-    options = {"dino_out_dim": 64, "dino_momentum_teacher": 0.9, "dino_freeze_last_layer": 0, **(hyperparameters or {})}
+    resolved = _resolved("dino", {**config, "dino_out_dim": 64, "dino_momentum_teacher": 0.9,
+                                  "dino_freeze_last_layer": 0, **(hyperparameters or {})})
     task_type = task_class("dino")
-    model = task_type.build_model(config, options, None)
-    return task_type, model, {**options, "num_classes": 10}
+    model = task_type.build_model(resolved, None)
+    return task_type, model, resolved
 
 
 def test_dino_teacher_changes_only_by_the_moving_average_of_the_student():
@@ -191,11 +198,11 @@ def test_dino_teacher_changes_only_by_the_moving_average_of_the_student():
     from study.tasks import StepSettings
 
     torch.manual_seed(0)
-    task_type, model, options = _dino()
+    task_type, model, resolved = _dino({"lr": 1e-3, "weight_decay": 0.04})
     train = TrainConfig(lr=1e-3, weight_decay=0.04)
     optimizer = build_optimizer(model, train, 1.0)
     state = TrainState(model, model, optimizer, build_schedule(optimizer, train, 4, 2))
-    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters={**options, **train.model_dump()})
+    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(), resolved=resolved)
     assert not any(p.requires_grad for p in model.teacher.parameters())
     teacher_before = [p.clone() for p in model.teacher.parameters()]
     crops = [torch.randn(6, 1, 8, 8) for _ in range(2)] + [torch.randn(6, 1, 4, 4) for _ in range(3)]
@@ -212,10 +219,10 @@ def test_dino_knn_evaluation_is_dinos_weighted_vote():
     """knn_acc: the share of validation images whose weighted k-NN vote over the bank's teacher features, written
     out here (cosine similarity, top k, weights exp(s / T)), names their class."""
     torch.manual_seed(0)
-    task_type, model, options = _dino({"dino_knn_k": 5})
+    task_type, model, resolved = _dino({"dino_knn_k": 5})
     bank = [{"image": torch.randn(16, 1, 8, 8), "label": torch.arange(16) % 4} for _ in range(2)]
     val = [{"image": torch.randn(12, 1, 8, 8), "label": torch.arange(12) % 4}]
-    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=20), hyperparameters=options)
+    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=20), resolved=resolved)
     task.setup(lambda split: bank if split == "bank" else val)
     evaluation = task.evaluate(val, autocast=nullcontext(), geometry=True)
     backbone = model.teacher.backbone.eval()
@@ -254,20 +261,20 @@ def _shapes(seeds, size=16):
 def _segmentation_probe(carried=None):
     config = models.resolve_config({"preset": "vit_tiny_digits", "depth": 2, "num_classes": 4, "in_chans": 3,
                                     "image_size": 16, "patch_size": 4, "layer_scale_init": 0.0})
-    options = {"seg_blocks": 2, "num_classes": 4}
+    resolved = _resolved("segmentation_probe", {**config, "seg_blocks": 2})
     task_type = task_class("segmentation_probe")
     torch.manual_seed(0)
-    model = task_type.build_model(config, options, carried)
-    return task_type, model, options
+    model = task_type.build_model(resolved, carried)
+    return task_type, model, resolved
 
 
 def test_segmentation_probe_scores_every_pixel_as_mmsegmentation_does():
     """val_miou and val_acc over two batches, written out: per class |pred ∩ target| / |pred ∪ target| over all
     pixels not labelled 255, summed over the batches first; classes in neither left out of the mean."""
-    task_type, model, options = _segmentation_probe()
+    task_type, model, resolved = _segmentation_probe()
     batches = [_shapes(range(4)), _shapes(range(4, 10))]
     batches[1]["mask"][:, :3] = 255  # unlabelled rows
-    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=20), hyperparameters=options)
+    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(pca_points=20), resolved=resolved)
     evaluation = task.evaluate(batches, autocast=nullcontext(), geometry=True)
     model.eval()
     with torch.no_grad():
@@ -293,11 +300,11 @@ def test_segmentation_probe_learns_on_a_frozen_backbone():
     from study.state import TrainState
     from study.tasks import StepSettings
 
-    task_type, model, options = _segmentation_probe()
+    task_type, model, resolved = _segmentation_probe()
     train = TrainConfig(lr=0.05, weight_decay=0.0, optimizer="sgd")
     optimizer = build_optimizer(model, train, 1.0)
     state = TrainState(model, model, optimizer, build_schedule(optimizer, train, 8, 10))
-    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(), hyperparameters=options)
+    task = task_type(model, WORKER, seed=0, geometry=GeometrySpec(), resolved=resolved)
     val = [_shapes(range(1000, 1032))]
     start = task.evaluate(val, autocast=nullcontext(), geometry=False).metrics["val_miou"]
     before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
@@ -318,7 +325,9 @@ def test_a_stage_whose_data_reshapes_the_carried_model_is_refused_by_name():
     without them: the carried model does not fit, and the error says which shape and how to make the stages agree."""
     pretrained = models.build_model({"preset": "gpt_tiny", "depth": 1, "vocab_size": 257}).state_dict()
     language_modeling = task_class("language_modeling")
-    same = language_modeling.build_model({"preset": "gpt_tiny", "depth": 1, "vocab_size": 257}, {}, pretrained)
+    same = language_modeling.build_model(_resolved("language_modeling", {"preset": "gpt_tiny", "depth": 1,
+                                                                         "vocab_size": 257}), pretrained)
     assert all(torch.equal(value, pretrained[key]) for key, value in same.state_dict().items())
     with pytest.raises(ValueError, match=r"size mismatch .*chat_tokens: true"):
-        language_modeling.build_model({"preset": "gpt_tiny", "depth": 1, "vocab_size": 265}, {}, pretrained)
+        language_modeling.build_model(_resolved("language_modeling", {"preset": "gpt_tiny", "depth": 1,
+                                                                      "vocab_size": 265}), pretrained)

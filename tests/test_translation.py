@@ -29,7 +29,7 @@ from study.data.translation import (
 )
 from study.errors import UserError
 from study.optim import build_schedule
-from study.runspec import Resources
+from study.runspec import Resources, resolve
 from study.space import load_space
 from study.tasks import GeometrySpec
 from study.tasks.translation import (
@@ -161,11 +161,11 @@ def test_batches_shift_the_target_right_behind_bos(toy):
 def test_evaluate_on_a_tiny_model_returns_every_metric(toy):
     language, sources, targets, vocabulary = toy
     torch.manual_seed(0)
-    model = Translation.build_model({"model": "encdec", "vocab_size": vocabulary.size, "dim": 32, "depth": 1,
-                                     "num_heads": 2}, {}, None)
+    resolved = resolve({"model": "encdec", "vocab_size": vocabulary.size, "dim": 32, "depth": 1, "num_heads": 2,
+                        "mt_beam_size": 2, "mt_max_len_b": 5}, "translation", {}, epochs=1)
+    model = Translation.build_model(resolved, None)
     task = Translation(model, Worker(0, 1, torch.device("cpu")), seed=0,
-                       geometry=GeometrySpec(max_batches=1, top_targets=8, pca_points=50),
-                       hyperparameters={"mt_beam_size": 2, "mt_max_len_b": 5})
+                       geometry=GeometrySpec(max_batches=1, top_targets=8, pca_points=50), resolved=resolved)
     rows = encode_pairs({"source": np.array(sources[:24], dtype=object),
                          "target": np.array(targets[:24], dtype=object)}, vocabulary, 128, False)
     steps = TranslationBatches(vocabulary)
@@ -198,9 +198,10 @@ def test_s_eff_counts_the_teacher_forced_pass_over_every_pair_and_not_the_beam_s
     nodes are those with alpha >= 0.01. The beam search, which encodes the first pairs again, does not count."""
     _, sources, targets, vocabulary = toy
     torch.manual_seed(0)
-    model = Translation.build_model({"model": "encdec", "vocab_size": vocabulary.size, "dim": 32, "depth": 1,
-                                     "num_heads": 2, "mixer": "stlt", "decoder_mixer": "stlt", "stlt_nodes": 6},
-                                    {}, None).eval()
+    resolved = resolve({"model": "encdec", "vocab_size": vocabulary.size, "dim": 32, "depth": 1, "num_heads": 2,
+                        "mixer": "stlt", "decoder_mixer": "stlt", "stlt_nodes": 6, "mt_beam_size": 2,
+                        "mt_max_len_b": 3, "mt_bleu_sentences": 3}, "translation", {}, epochs=1)
+    model = Translation.build_model(resolved, None).eval()
     mixers = {"enc0": model.encoder_layers[0].mixer, "dec0": model.decoder_layers[0].mixer}
     with torch.no_grad():
         for mixer in mixers.values():  # gates from always on to always off, many moving with the sentence
@@ -231,8 +232,7 @@ def test_s_eff_counts_the_teacher_forced_pass_over_every_pair_and_not_the_beam_s
         assert 0 < expected[name] < 6, name
     for hook in hooks:
         hook.remove()
-    task = Translation(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(),
-                       hyperparameters={"mt_beam_size": 2, "mt_max_len_b": 3, "mt_bleu_sentences": 3})
+    task = Translation(model, Worker(0, 1, torch.device("cpu")), seed=0, geometry=GeometrySpec(), resolved=resolved)
     task.setup(lambda split="val": iter(batches))
     metrics = task.evaluate(iter(batches), autocast=contextlib.nullcontext(), geometry=False).metrics
     assert metrics["stlt_s_eff_enc0"] == pytest.approx(expected["enc0"], rel=1e-12)
@@ -293,7 +293,7 @@ SPACE = {**SHIPPED, "name": "translation", "epochs": EPOCHS, "num_samples": 1, "
          "parameters": {"mixer": ["stlt"]}}  # adaptive STLT, bilateral in the encoder and causal in the decoder
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=150)
 def test_a_toy_translation_study_of_stlt_learns_past_word_by_word_and_logs_bleu_per_bucket(tmp_path, ray_address):
     write_yaml(tmp_path / "translation.yaml", SPACE)
     run = lapstudy("run", "translation.yaml", "--storage", "studies", "--address", ray_address, cwd=tmp_path,

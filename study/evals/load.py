@@ -20,7 +20,7 @@ import torch
 import models
 from study.data.text import Tokenizer, resolve_tokenizer
 from study.errors import UserError
-from study.runspec import load_run_spec
+from study.runspec import load_run_spec, model_part
 from study.yamlio import load_yaml
 
 CHECKPOINT_FILE = "state.pt"  # study/state.py's (not imported: that module imports Ray)
@@ -59,7 +59,8 @@ def trained_model(spec, config_path: Path, state_path: Path, device: str | torch
     """The run's model (its first stage's) in eval mode with the checkpoint's weights."""
     saved = torch.load(state_path, map_location=device, weights_only=False)
     state = saved.get("model", saved) if isinstance(saved, dict) else saved
-    flat = dict(spec.model_config_flat)
+    # The recorded model keys as they are (not resolved: a preset's defaults would hide the missing ones below).
+    flat = model_part(spec.hyperparameters)
     if "wte.weight" in state:  # a GPT: the data fixes these; a config written before the data was opened may lack them
         flat.setdefault("vocab_size", state["wte.weight"].shape[0])
         flat.setdefault("context_length", getattr(spec.dataset, "seq_len", None) or 256)

@@ -144,6 +144,11 @@ class Task(ABC):
     # Also evaluate the untrained model, logged to MLflow at the stage's first step (a self-supervised task's k-NN
     # at initialisation is the baseline its training must beat).
     evaluate_before_training: ClassVar[bool] = False
+    # Training keys its own code reads beside those of every run (TrainConfig.read_keys): classification's `loss`.
+    reads_training: ClassVar[frozenset[str]] = frozenset()
+    # It sets the learning rate itself from `lr`, `warmup_epochs` and `min_lr_ratio` (DINO's cosine), so the
+    # run's schedule (`lr_decay`) is not read.
+    own_lr_schedule: ClassVar[bool] = False
 
     @classmethod
     def epoch_metrics(cls, dataset=None) -> tuple[str, ...]:
@@ -158,20 +163,21 @@ class Task(ABC):
         return {key: value for key, value in hyperparameters.items() if key in fields}
 
     @classmethod
-    def build_model(cls, model_config: dict, hyperparameters: dict, carried: dict | None) -> torch.nn.Module:
-        """The module this task trains, from the flat model config. `carried`: what the run's previous stage
-        carried forward (`carry`), None in a run's first stage."""
-        model = models.build_model(model_config)
+    def build_model(cls, resolved, carried: dict | None) -> torch.nn.Module:
+        """The module this task trains, from the stage's resolved hyperparameters (study/runspec.py's `Resolved`:
+        its model `config`, flat `model` and task `options`, each validated once). `carried`: what the run's
+        previous stage carried forward (`carry`), None in a run's first stage."""
+        model = models.build_model(resolved.config)
         if carried is not None:
             load_carried(model, carried)
         return model
 
-    def __init__(self, model: torch.nn.Module, worker: Worker, *, seed: int, geometry: GeometrySpec,
-                 hyperparameters: dict):
-        """`model`: what `build_model` built (unwrapped); `hyperparameters`: the run's, complete."""
+    def __init__(self, model: torch.nn.Module, worker: Worker, *, seed: int, geometry: GeometrySpec, resolved):
+        """`model`: what `build_model` built (unwrapped); `resolved`: the stage's resolved hyperparameters
+        (`Resolved`), whose `options` are this task's, validated."""
         self.model, self.worker, self.seed, self.geometry = model, worker, seed, geometry
-        self.hyperparameters = hyperparameters
-        self.option = self.options(**self.option_values(hyperparameters)) if self.options is not None else None
+        self.hyperparameters = resolved.hyperparameters
+        self.option = resolved.options
 
     def carry(self) -> dict:
         """What a next stage of the run starts from: the model's state (a task whose module holds parts the next

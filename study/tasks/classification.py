@@ -22,6 +22,7 @@ class Classification(Task):
     layer_geometry_metrics = ("within_seq_var", "within_class_var", "between_class_var", "between_class_frac",
                               "nc1")
     report_geometry = ("between_class_frac", "nc1", "within_seq_var")
+    reads_training = frozenset({"loss"})
 
     def loss(self, model, batch):
         logits = model(batch["image"]).float()

@@ -124,13 +124,13 @@ class DINO(Task):
     report_geometry = ("between_class_frac", "nc1", "within_seq_var")
     options = DINOOptions
     evaluate_before_training = True
+    own_lr_schedule = True  # train_step: DINO's cosine, not the run's LambdaLR
 
     @classmethod
-    def build_model(cls, model_config, hyperparameters, carried):
-        option = DINOOptions(**cls.option_values(hyperparameters))
-        student = models.build_model(model_config)
-        teacher = models.build_model({**model_config, "drop_path": 0.0})  # main_dino.py:166: no stochastic depth
-        model = DINOModel(student, teacher, option)
+    def build_model(cls, resolved, carried):
+        student = models.build_model(resolved.config)
+        teacher = models.build_model({**resolved.model, "drop_path": 0.0})  # main_dino.py:166: no stochastic depth
+        model = DINOModel(student, teacher, resolved.options)
         if carried is not None:
             model.load_state_dict(carried)
         return model

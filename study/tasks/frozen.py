@@ -11,9 +11,9 @@ import models
 from study.tasks.base import load_carried
 
 
-def carried_backbone(model_config: dict, carried: dict | None) -> nn.Module:
-    """The backbone of `model_config` with the carried weights (its classifier head, of another data's classes, left
-    out: the backbone's own fresh head stays, unused)."""
+def carried_backbone(model_config, carried: dict | None) -> nn.Module:
+    """The backbone of `model_config` (what `models.build_config` built) with the carried weights (its classifier
+    head, of another data's classes, left out: the backbone's own fresh head stays, unused)."""
     backbone = models.build_model(model_config)
     if carried is not None:
         own = backbone.state_dict()

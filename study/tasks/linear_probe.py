@@ -52,11 +52,11 @@ class LinearProbe(Classification):
     carried_sets = frozenset({"image_size"})
 
     @classmethod
-    def build_model(cls, model_config, hyperparameters, carried):
+    def build_model(cls, resolved, carried):
         """The backbone the previous stage carried forward (its classifier head, of another data's classes, left
         out), frozen, under a new linear classifier for this stage's classes."""
-        option = ProbeOptions(**cls.option_values(hyperparameters))
-        return FrozenBackboneProbe(carried_backbone(model_config, carried), model_config["num_classes"],
+        option = resolved.options
+        return FrozenBackboneProbe(carried_backbone(resolved.config, carried), resolved.model["num_classes"],
                                    option.probe_blocks, option.probe_avgpool)
 
     def carry(self) -> dict:

@@ -78,9 +78,9 @@ class SegmentationProbe(Task):
     carried_sets = frozenset({"image_size", "in_chans"})
 
     @classmethod
-    def build_model(cls, model_config, hyperparameters, carried):
-        option = SegmentationProbeOptions(**cls.option_values(hyperparameters))
-        model = FrozenBackboneSegmenter(carried_backbone(model_config, carried), model_config["num_classes"], option)
+    def build_model(cls, resolved, carried):
+        model = FrozenBackboneSegmenter(carried_backbone(resolved.config, carried), resolved.model["num_classes"],
+                                        resolved.options)
         if dist.is_initialized() and dist.get_world_size() > 1 and torch.cuda.is_available():
             # DINOv2 trains the head with SyncBatchNorm; converted before Ray wraps the model in DDP
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
