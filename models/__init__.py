@@ -17,12 +17,11 @@ __all__ = [
     "build_model",
     "config_from_resolved",
     "count_parameters",
-    "read_keys",
     "resolve_config",
 ]
 _HOMES = {"ModelOutput": "models.base", "count_parameters": "models.base", "build_config": "models.build",
           "build_model": "models.build", "config_from_resolved": "models.build",
-          "model_keys": "models.build", "read_keys": "models.build", "resolve_config": "models.build",
+          "model_keys": "models.build", "resolve_config": "models.build",
           "PRESETS": "models.presets", "TransformerConfig": "models.config"}
 
 

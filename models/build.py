@@ -14,7 +14,7 @@ from models.encdec import EncDecConfig, EncoderDecoder
 from models.errors import ConfigError
 from models.gpt import GPT, GPTConfig
 from models.keys import renamed_key_problem
-from models.mixers import MIXERS, mixer_keys
+from models.mixers import mixer_keys
 from models.presets import DEFAULT_PRESET, PRESETS
 from models.vit import ViT, ViTConfig
 
@@ -31,14 +31,6 @@ def family_keys(family: str) -> frozenset[str]:
 def model_keys() -> frozenset[str]:
     """Every flat-config key `build_model` understands (the study splits trial configs with it)."""
     return frozenset(set().union(*map(family_keys, FAMILIES)) | {"model", "preset"} | mixer_keys())
-
-
-def read_keys(built: TransformerConfig) -> frozenset[str]:
-    """The flat-config keys the model config `built` (build_config's) reads: its family's, `model`, `preset`, and
-    the options of the mixers its layers use (a model without STLT layers reads no `stlt_*` key)."""
-    family = next(name for name, (cfg, _) in FAMILIES.items() if type(built) is cfg)
-    used = set(built._all_mixer_kinds())
-    return family_keys(family) | {"model", "preset"} | frozenset().union(*(MIXERS[kind].keys for kind in used))
 
 
 def resolve_config(config: Mapping) -> dict:

@@ -45,6 +45,10 @@ class TransformerConfig:
         for key, kinds, counts in self._layer_heads():
             check_laplacian_heads(key, kinds, counts)
         self._validate_mixer_options()
+        # The flat-config keys this model reads (what a run records of it): its family's fields, `model`, `preset`
+        # and the options of the mixers its layers use (no stlt_* key without an STLT layer).
+        self.read_keys = (frozenset(f.name for f in fields(self)) - {"mixer_options"} | {"model", "preset"}
+                          | frozenset().union(*(MIXERS[kind].keys for kind in set(self._all_mixer_kinds()))))
 
     # Hooks a config with more than one stack of layers (models/encdec.py) overrides.
 

@@ -8,7 +8,8 @@ From karpathy/nanochat at commit e1770a3 (the d20 of docs/nanochat.md): ``GPT.se
   0.2, both times (dim / 768) ** -0.5 (nanochat tuned them at width 768).
 - Every step: every group's lr = its initial lr * ``nanochat_lr_multiplier`` (no warm-up, flat, then a linear
   warm-down to 0 over the last 20% of steps) and Muon's momentum = ``nanochat_muon_momentum`` (0.85 -> 0.95 over
-  the first 300 steps). nanochat clips the global gradient norm at ``NANOCHAT_GRAD_CLIP`` before stepping.
+  the first 300 steps). nanochat's base_train clips the global gradient norm at 1.0 (its ``grad_clip``) before
+  stepping.
 
 Muon is ``torch.optim.Muon`` with ``weight_decay=0`` and ``adjust_lr_fn="original"``; per step it computes what
 nanochat's ``Muon.step`` does: buf <- lerp(buf, g, 1 - momentum); update <- lerp(g, buf, momentum) (Nesterov);
@@ -25,7 +26,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-NANOCHAT_GRAD_CLIP = 1.0  # scripts/base_train.py: grad_clip
 NANOCHAT_ADAMW = dict(betas=(0.8, 0.95), eps=1e-10)
 NANOCHAT_MUON = dict(momentum=0.95, nesterov=True, ns_steps=5)
 

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from study.errors import UserError
+from study.errors import UserError, validate_flags
 
 EXIT_USER_ERROR = 2
 # The cluster's tracking server, set on the head by cluster.yaml and k8s/rayjob.yaml: the default of --tracking-uri.
@@ -203,13 +203,11 @@ def _dispatch(args) -> int:
         from study.precheck import RunOptions, check_study
         from study.runspec import Resources
 
-        _check_worker_flags(args.workers_per_trial, args.cpus_per_worker, args.gpus_per_worker, "--workers-per-trial")
         options = RunOptions(
             space=args.space, storage=args.storage, name=args.name,
             num_samples=_at_least(1, args.num_samples, "--num-samples"),
             max_concurrent=_at_least(1, args.max_concurrent, "--max-concurrent"),
-            resources=Resources(workers=args.workers_per_trial, cpus_per_worker=args.cpus_per_worker,
-                                gpus_per_worker=args.gpus_per_worker),
+            resources=Resources(**_worker_flags(args, "--workers-per-trial", args.workers_per_trial)),
             address=args.address, tracking_uri=args.tracking_uri, seed=args.seed, resume=args.resume,
             max_failures=_at_least(0, args.max_failures, "--max-failures"),
             worker_resources=_worker_resources(args.worker_resource),
@@ -228,10 +226,7 @@ def _dispatch(args) -> int:
     if args.command == "train":
         from study.precheck import check_run
 
-        _check_worker_flags(args.workers, args.cpus_per_worker, args.gpus_per_worker, "--workers")
-        given = {"workers": args.workers, "cpus_per_worker": args.cpus_per_worker,
-                 "gpus_per_worker": args.gpus_per_worker}
-        spec = check_run(args.config, args.storage, {k: v for k, v in given.items() if v is not None},
+        spec = check_run(args.config, args.storage, _worker_flags(args, "--workers", args.workers),
                          allow_code_execution=args.allow_code_execution)
 
         from study.train import train_once
@@ -320,12 +315,16 @@ def _ui(study_dir: Path, host: str, port: int) -> int:
     return 0
 
 
-def _check_worker_flags(workers, cpus_per_worker, gpus_per_worker, workers_flag: str) -> None:
-    """The worker flags (None: not given) name the flag at fault, as the user typed it."""
-    _at_least(1, workers, workers_flag)
-    if cpus_per_worker is not None and not cpus_per_worker > 0:
-        raise UserError(f"--cpus-per-worker: must be > 0, got {cpus_per_worker:g}")
-    _at_least(0, gpus_per_worker, "--gpus-per-worker")
+def _worker_flags(args, workers_flag: str, workers: int | None) -> dict:
+    """The worker flags given (None: not given; `workers_flag` sets `workers`), checked by the rules of the run
+    config's `resources:` (runspec.Resources), a refusal naming the flag as the user typed it."""
+    from study.runspec import Resources
+
+    flags = {"workers": workers_flag, "cpus_per_worker": "--cpus-per-worker", "gpus_per_worker": "--gpus-per-worker"}
+    given = {"workers": workers, "cpus_per_worker": args.cpus_per_worker, "gpus_per_worker": args.gpus_per_worker}
+    given = {name: value for name, value in given.items() if value is not None}
+    validate_flags(Resources, given, flags)
+    return given
 
 
 def _worker_resources(items: list[str]) -> dict[str, float]:

@@ -26,7 +26,8 @@ def schema_sections() -> dict[str, list[tuple[str, type[BaseModel]]]]:
     """Each generated section of the study's schemas: (heading, model) per table. Every model the YAML can reach
     from a search space or a run config has a table (tests/test_docs.py holds it)."""
     from study.data.config import SOURCE_CONFIGS, ChatPart
-    from study.runspec import EvaluationSpec, Resources, RunSpec, StageSpec, TrainConfig
+    from study.evals.spec import EvaluationSpec
+    from study.runspec import Resources, RunSpec, StageSpec, TrainConfig
     from study.space import EarlyStopping, Sampler, SearchSpace
     from study.space_parameters import Categorical, ConditionalGroup, FloatRange, IntRange
     from study.tasks import TASKS, GeometrySpec

@@ -62,7 +62,7 @@ def run_study(options: RunOptions, space: SearchSpace, name: str) -> int:
     resources = stored.resources if stored else options.resources
     worker_resources = stored.worker_resources if stored else dict(options.worker_resources)
     num_samples = stored.num_samples if stored else (options.num_samples or space.default_num_samples())
-    seeds = (stored.seeds or [seed]) if stored else space.replicate_seeds(seed)
+    seeds = stored.seeds if stored else space.replicate_seeds(seed)
     tracking_uri = _tracking_uri(options, stored, folder)
     request = Request(task=space.task, dataset=space.dataset, seed=seed, resources=resources, storage=options.storage,
                       experiment=name, new_experiment=not stored, tracking_uri=tracking_uri, address=options.address,

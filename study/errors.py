@@ -7,6 +7,7 @@ user data through `validate`, so a bad field always reads the same way: its path
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from typing import Any, TypeVar
@@ -40,6 +41,16 @@ def validate(schema: type[T] | Any, data: Any, prefix: str = "") -> T:
         first = exc.errors(include_url=False)[0]
         path = _field_path(first["loc"], data)
         raise UserError(_describe(exc, data, prefix, schema), field=path[0] if path else None) from None
+
+
+def validate_flags(schema: type[T], values: dict, flags: dict[str, str]) -> T:
+    """`validate` for command-line flags that set a schema's fields, so that the flags obey the schema's own rules:
+    a refusal names the flags (`flags`: field -> flag) wherever its message names their fields."""
+    try:
+        return validate(schema, values)
+    except UserError as exc:
+        message = re.sub(rf"\b({'|'.join(map(re.escape, flags))})\b", lambda m: flags[m[1]], str(exc))
+        raise UserError(message, field=flags.get(exc.field, exc.field)) from None
 
 
 def _describe(error: ValidationError, data: Any, prefix: str, schema) -> str:

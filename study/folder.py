@@ -40,7 +40,7 @@ class StudyRecord(BaseModel):
     created: str
     seed: int
     num_samples: int  # configurations; each runs once per seed of `seeds`
-    seeds: list[int] | None = None  # the replicates' seeds (None in studies started before replicates: [seed])
+    seeds: list[int]  # the replicates' seeds
     max_concurrent: int | None
     resources: Resources
     worker_resources: dict[str, float] = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from study.errors import UserError
-from study.evals.humaneval import check_code_execution
+from study.evals.spec import check_code_execution
 from study.runspec import Resources, RunSpec, check_run_config, load_run_spec
 from study.space import SearchSpace, load_space
 from study.space_corners import check_configs

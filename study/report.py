@@ -111,7 +111,7 @@ def write_report(folder: StudyFolder) -> Path:
     for stale in out.glob("*.png"):  # a figure an earlier report drew and this one does not (e.g. now interactive)
         stale.unlink()
     report = build(space, records, trial_rows(folder), folder, out)
-    report.seeds = record.seeds or [record.seed]
+    report.seeds = record.seeds
     page = out / REPORT_FILE
     page.write_text(render(report))
     try:
@@ -176,10 +176,7 @@ def _row(group: Configuration, names: list[str], baseline: Configuration | None)
 
 def searched(space: SearchSpace) -> list[str]:
     """Every parameter the space searches, conditional ones included, in the order the space names them."""
-    names = list(space.parameters)
-    for group in space.conditional:
-        names += [name for name in group.parameters if name not in names]
-    return names
+    return [name for name, _ in space.every_parameter()]
 
 
 def _numeric_parameters(space: SearchSpace, trials: list[TrialRecord]) -> list[str]:

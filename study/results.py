@@ -281,7 +281,7 @@ def status(folder: StudyFolder) -> str:
     baseline)."""
     record, space = folder.record(), folder.space()
     records = load_records(folder)
-    seeds = record.seeds or [record.seed]
+    seeds = record.seeds
     lines = [f"study {record.name} ({folder.location}): {len(records)} of {record.num_samples * len(seeds)} trials "
              "started" + (f" ({record.num_samples} configurations x {len(seeds)} seeds)" if len(seeds) > 1 else ""),
              table(records, record.metric)]
@@ -296,7 +296,7 @@ def status_document(folder: StudyFolder) -> dict:
     """`lapstudy status --json`: what the table shows, for scripts; a value no trial reported (or NaN) is null."""
     record, space = folder.record(), folder.space()
     records = load_records(folder)
-    seeds = record.seeds or [record.seed]
+    seeds = record.seeds
     groups = configurations(records)
     baseline = baseline_configuration(groups, space)
     document = {

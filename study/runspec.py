@@ -10,28 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 import models
 from models.keys import renamed_key_problem
 from models.stlt import stlt_config
 from study.data import DatasetConfig
 from study.errors import UserError, validate
-from study.evals.sandbox import ALLOW_FLAG
+from study.evals.spec import Evaluations, check_evaluation
+from study.schema import StrictModel
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
 from study.yamlio import load_yaml
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(StrictModel):
     """Training hyperparameters (the keys of a trial config that are not model keys)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     optimizer: Literal["adamw", "lamb", "sgd", "nanochat"] = Field(
         "adamw", description="AdamW; LAMB as DeiT III runs it (apex FusedLAMB); SGD with momentum beta1 (Nesterov off) "
@@ -123,9 +121,7 @@ OPTION_KEYS: dict[str, str] = {key: name for name, task in TASKS.items() if task
 HYPERPARAMETER_KEYS: frozenset[str] = TRAIN_KEYS | models.MODEL_KEYS | frozenset(OPTION_KEYS)
 
 
-class Resources(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class Resources(StrictModel):
     workers: int = Field(1, ge=1, description="data-parallel Ray Train workers")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each worker holds (also its torch threads)")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker holds (fractions share one)")
@@ -136,57 +132,9 @@ class Resources(BaseModel):
         return max(1, int(self.cpus_per_worker))
 
 
-class EvaluationSpec(BaseModel):
-    """Benchmarks a language-model stage is evaluated on when it ends (study/evals: lm-evaluation-harness, and
-    HumanEval in the sandbox), logged as eval_<task>_<metric> with the stage's last epoch. HumanEval runs the code
-    the model writes: the command line allows it (`--allow-code-execution`), never a file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tasks: list[str] = Field(min_length=1, description="lm_eval task names (arc_easy, arc_challenge, mmlu, gsm8k, "
-                                                       "...), humaneval and gsm8k_chat")
-    include_path: list[str] = Field(default_factory=list, description="folders of lm_eval task configs (relative: to "
-                                                                      "the space or run config), which take precedence")
-    limit: int | None = Field(None, ge=1, description="the first N examples of each task (None: all)")
-    num_fewshot: int | None = Field(None, ge=0, description="few-shot examples (None: each task's own)")
-    chat: bool = Field(False, description="format prompts with the chat template (an SFT model)")
-    num_samples: int = Field(1, ge=1, description="humaneval and gsm8k_chat samples per problem (pass@k up to it)")
-    temperature: float = Field(0.0, ge=0, description="their sampling temperature")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _code_execution_is_a_flag(cls, data):
-        if isinstance(data, dict) and "allow_code_execution" in data:
-            raise ValueError(f"allow_code_execution: is no longer read from a file; running model-written code is "
-                             f"decided on the command line, with {ALLOW_FLAG} (lapstudy run, train, eval)")
-        return data
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.num_samples > 1 and self.temperature == 0:
-            raise ValueError(f"temperature: must be > 0 with num_samples {self.num_samples} (greedy samples are all "
-                             "the same)")
-        return self
-
-    def relative_to(self, base: Path) -> "EvaluationSpec":
-        return self.model_copy(update={"include_path": [os.path.join(base, os.path.expanduser(p))
-                                                        for p in self.include_path]})
-
-
-def _as_list(value):
-    return [] if value is None else [value] if isinstance(value, dict) else value
-
-
-# `evaluate:` is one entry (a mapping) or a list of them: tasks that need other settings (samples, temperature,
-# chat formatting) go in entries of their own.
-Evaluations = Annotated[list[EvaluationSpec], BeforeValidator(_as_list)]
-
-
-class StageSpec(BaseModel):
+class StageSpec(StrictModel):
     """A later stage of every run: trained after the stage before it, from what that stage carries forward (its
     model, or the backbone it trained), under the run's one MLflow run, its metrics named `<stage>/<metric>`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$", description="names its metrics, <name>/<metric>")
     task: str = Field(description="a registered task (study/tasks)")
@@ -198,7 +146,10 @@ class StageSpec(BaseModel):
     evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the stage ends (language "
                                                                      "models)")
 
-    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+    @field_validator("task")
+    @classmethod
+    def _task(cls, name):
+        return registered_task(name)
 
     def relative_to(self, base: Path) -> "StageSpec":
         """Its relative paths (data, evaluation task folders) read from `base`."""
@@ -206,10 +157,8 @@ class StageSpec(BaseModel):
                                        "evaluate": [e.relative_to(base) for e in self.evaluate]})
 
 
-class RunSpec(BaseModel):
+class RunSpec(StrictModel):
     """One run: everything `lapstudy train` needs to repeat a trial."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     task: str = Field(description=f"a registered task (study/tasks): {', '.join(TASKS)}")
     dataset: DatasetConfig = Field(description="the run's data (a `dataset:` mapping, below)")
@@ -223,7 +172,10 @@ class RunSpec(BaseModel):
                                                                      "(language models)")
     provenance: dict[str, Any] = Field(default_factory=dict, description="where the run came from (study, trial...)")
 
-    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+    @field_validator("task")
+    @classmethod
+    def _task(cls, name):
+        return registered_task(name)
 
     @model_validator(mode="after")
     def _check(self):
@@ -305,15 +257,6 @@ def check_stages(stages: list[StageSpec]) -> None:
         raise ValueError(f"stages: each stage name once, got {names}")
     for i, stage in enumerate(stages):
         check_evaluation(stage.task, stage.evaluate, f"stages[{i}].evaluate")
-
-
-def check_evaluation(task: str, evaluations: list[EvaluationSpec], where: str) -> None:
-    if evaluations and task != "language_modeling":
-        raise ValueError(f"{where}: benchmarks evaluate language models (task language_modeling), not {task}")
-    tasks = [name for evaluation in evaluations for name in evaluation.tasks]
-    twice = sorted({name for name in tasks if tasks.count(name) > 1})
-    if twice:
-        raise ValueError(f"{where}: {', '.join(twice)} in more than one entry (each task's metrics are logged once)")
 
 
 def load_run_spec(path: Path) -> RunSpec:
@@ -419,11 +362,11 @@ class Resolved:
     @property
     def hyperparameters(self) -> dict:
         """Every hyperparameter the run reads, explicitly, flat: what MLflow records and `lapstudy export` writes.
-        Left out: the model keys its family and mixers do not read (models.read_keys) and the training keys its
-        optimiser, schedule and task do not (TrainConfig.read_keys); those are defaults (a set one is refused), so
-        a re-run of the rest is the same run."""
+        Left out: the model keys its family and mixers do not read (TransformerConfig.read_keys) and the training
+        keys its optimiser, schedule and task do not (TrainConfig.read_keys); those are defaults (a set one is
+        refused), so a re-run of the rest is the same run."""
         complete = {**self.model, **self.train.model_dump(), **(self.options.model_dump() if self.options else {})}
-        read = models.read_keys(self.config) | self.train.read_keys(self.task)
+        read = self.config.read_keys | self.train.read_keys(self.task)
         return {k: v for k, v in complete.items() if k in read or k in OPTION_KEYS}
 
 

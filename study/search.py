@@ -51,14 +51,10 @@ class DefineByRun:
         self.space = space
 
     def __call__(self, trial) -> None:
-        values = dict(self.space.fixed)
-        for name, parameter in self.space.parameters.items():
-            values[name] = parameter.suggest(trial, name)
-        for group in self.space.conditional:
-            if group.active(values):
-                values.update(group.fixed)
-                for name, parameter in group.parameters.items():
-                    values[name] = parameter.suggest(trial, name)
+        values: dict = {}
+        for parameters in self.space.parameters_to_sample(values):
+            for name, parameter in parameters.items():
+                values[name] = parameter.suggest(trial, name)
 
 
 def make_sampler(space: SearchSpace, seed: int) -> optuna.samplers.BaseSampler:

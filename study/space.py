@@ -10,6 +10,7 @@ the space's extreme points before a study starts are in study/space_corners.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,26 +19,25 @@ from pydantic import Field, field_validator, model_validator
 from models.keys import renamed_key_problem
 from study.data import DatasetConfig
 from study.errors import UserError, validate
+from study.evals.spec import Evaluations, check_evaluation
 from study.runspec import (
     HYPERPARAMETER_KEYS,
-    Evaluations,
     Resources,
     RunSpec,
     StageSpec,
     check_data_kind,
-    check_evaluation,
     check_hyperparameter_names,
     check_loss,
     check_stages,
     complete_hyperparameters,
 )
+from study.schema import StrictModel
 from study.space_parameters import (
     Categorical,
     ConditionalGroup,
     FloatRange,
     Parameter,
     Scalar,
-    StrictModel,
     shorthand_parameters,
 )
 from study.tasks import TASKS, GeometrySpec, registered_task, task_class
@@ -76,10 +76,6 @@ class EarlyStopping(StrictModel):
         return self.kind != "none"
 
 
-def _kind_shorthand(value):
-    return {"kind": value} if isinstance(value, str) else value
-
-
 class SearchSpace(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study name (default folder and experiment)")
     description: str = Field("", description="free text, recorded with the study")
@@ -113,9 +109,21 @@ class SearchSpace(StrictModel):
     evaluate: Evaluations = Field(default_factory=list, description="benchmarks when the first stage ends "
                                                                      "(language models; a later stage has its own)")
 
-    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: shorthand_parameters(v)))
-    _kinds = field_validator("sampler", "early_stopping", mode="before")(classmethod(lambda cls, v: _kind_shorthand(v)))
-    _task = field_validator("task")(classmethod(lambda cls, name: registered_task(name)))
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _shorthand(cls, value):
+        return shorthand_parameters(value)
+
+    @field_validator("sampler", "early_stopping", mode="before")
+    @classmethod
+    def _kind_shorthand(cls, value):
+        """`sampler: tpe` is short for `sampler: {kind: tpe}` (and so for early_stopping)."""
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, name):
+        return registered_task(name)
 
     @model_validator(mode="before")
     @classmethod
@@ -143,9 +151,8 @@ class SearchSpace(StrictModel):
     def _values_of(self, name: str) -> list:
         """Every value the space can give `name` (its fixed value or its choices); [] for a range or no such name."""
         found = [self.fixed[name]] if name in self.fixed else []
-        for parameters in [self.parameters, *(group.parameters for group in self.conditional)]:
-            if name in parameters and isinstance(parameters[name], Categorical):
-                found += parameters[name].choices
+        found += [choice for named, p in self.every_parameter() if named == name and isinstance(p, Categorical)
+                  for choice in p.choices]
         found += [group.fixed[name] for group in self.conditional if name in group.fixed]
         return found
 
@@ -164,8 +171,7 @@ class SearchSpace(StrictModel):
                              "a configuration's mean over its replicates; with replicates use early_stopping: none")
         if self.baseline is not None:
             self._check_point(self.baseline, "baseline")
-            missing = [name for name in self._active_parameters({**self.fixed, **self.baseline})
-                       if name not in self.baseline]
+            missing = [name for name in self._walk_with(self.baseline)[1] if name not in self.baseline]
             if missing:
                 raise ValueError(f"baseline: give every parameter searched for it; missing {', '.join(missing)}")
 
@@ -329,12 +335,7 @@ class SearchSpace(StrictModel):
             raise ValueError("parameters: a search space needs at least one parameter")
 
     def _check_point(self, point: dict, where: str):
-        values = dict(self.fixed)
-        active = dict(self.parameters)
-        for group in self.conditional:
-            if group.active({**values, **point}):
-                values.update(group.fixed)
-                active.update(group.parameters)
+        active = self._walk_with(point)[1]
         for name, value in point.items():
             _refuse_renamed_key(name, where)
             if name not in active:
@@ -344,6 +345,37 @@ class SearchSpace(StrictModel):
                 )
             if not active[name].contains(value):
                 raise ValueError(f"{where}.{name}: {value!r} is outside the space; must be {active[name].describe()}")
+
+    # ---- the walk of the conditional groups ---------------------------------------------------------------------
+
+    def parameters_to_sample(self, values: dict) -> Iterator[dict[str, Parameter]]:
+        """The one walk of the space, define-by-run as Optuna samples it: the top-level parameters, then those of each
+        conditional group, in order, whose condition holds on `values`. The walk writes the fixed values (the space's,
+        then each applying group's) into `values`; the caller writes each yielded parameter's value there before it
+        asks for the next, so that a group's condition reads what was sampled before it."""
+        values.update(self.fixed)
+        yield self.parameters
+        for group in self.conditional:
+            if group.active(values):
+                values.update(group.fixed)
+                yield group.parameters
+
+    def every_parameter(self) -> Iterator[tuple[str, Parameter]]:
+        """Every parameter the space searches, top-level ones then each conditional group's, in the order the space
+        names them."""
+        yield from self.parameters.items()
+        for group in self.conditional:
+            yield from group.parameters.items()
+
+    def _walk_with(self, sampled: dict) -> tuple[dict, dict[str, Parameter]]:
+        """The walk with `sampled`'s values (those of the parameters it reaches; a missing one is left out): the
+        fixed values plus those values, and the parameters reached."""
+        values: dict = {}
+        reached: dict[str, Parameter] = {}
+        for parameters in self.parameters_to_sample(values):
+            reached.update(parameters)
+            values.update({k: v for k, v in sampled.items() if k in parameters})
+        return values, reached
 
     # ---- use ----------------------------------------------------------------------------------------------------
 
@@ -359,22 +391,11 @@ class SearchSpace(StrictModel):
 
     def resolve(self, sampled: dict) -> dict:
         """Fixed values plus a trial's sampled values, conditional groups applied: the trial's hyperparameters."""
-        values = {**self.fixed, **{k: v for k, v in sampled.items() if k in self.parameters}}
-        for group in self.conditional:
-            if group.active(values):
-                values.update(group.fixed)
-                values.update({k: v for k, v in sampled.items() if k in group.parameters})
-        missing = [name for name in self._active_parameters(values) if name not in values]
+        values, reached = self._walk_with(sampled)
+        missing = [name for name in reached if name not in sampled]
         if missing:
             raise UserError(f"trial config: no value for {', '.join(missing)}")
         return values
-
-    def _active_parameters(self, values: dict) -> list[str]:
-        names = list(self.parameters)
-        for group in self.conditional:
-            if group.active(values):
-                names += list(group.parameters)
-        return names
 
     def judged_epochs(self) -> tuple[int, ...]:
         """The epochs at which ASHA judges a trial (its rungs: grace_period * reduction_factor^k up to epochs, the

@@ -5,12 +5,10 @@ the space sets it, not a failed trial hours in."""
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING
 
 from study.errors import UserError
 from study.runspec import Resources, apply_data_overrides, check_run_config
-from study.space_parameters import ConditionalGroup
 
 if TYPE_CHECKING:
     from study.space import SearchSpace
@@ -88,7 +86,7 @@ def corner_configs(space: SearchSpace):
     combos = _all_corners(space)
     if combos is None:  # too many: vary one parameter at a time around the first corner
         base = _first_values(space, {})
-        for name, p in _every_parameter(space):
+        for name, p in space.every_parameter():
             for value in p.corners():
                 sampled = _first_values(space, {**base, name: value})
                 yield {**sampled, name: value}, "parameters"
@@ -97,47 +95,43 @@ def corner_configs(space: SearchSpace):
             yield sampled, "parameters"
 
 
-def _every_parameter(space: SearchSpace):
-    yield from space.parameters.items()
-    for group in space.conditional:
-        yield from group.parameters.items()
-
-
-def _first_values(space: SearchSpace, given: dict) -> dict:
-    values = {**space.fixed}
+def _walk_corners(space: SearchSpace, corner_of) -> dict:
+    """The sampled values of one walk of the space (`SearchSpace.parameters_to_sample`), each parameter it reaches
+    taking `corner_of(name, its corners)`."""
+    values: dict = {}
     sampled = {}
-    for name, p in space.parameters.items():
-        sampled[name] = given.get(name, p.corners()[0])
-    values.update(sampled)
-    for group in space.conditional:
-        if group.active(values):
-            values.update(group.fixed)
-            for name, p in group.parameters.items():
-                sampled[name] = given.get(name, p.corners()[0])
-            values.update(sampled)
+    for parameters in space.parameters_to_sample(values):
+        for name, p in parameters.items():
+            sampled[name] = values[name] = corner_of(name, p.corners())
     return sampled
 
 
+def _first_values(space: SearchSpace, given: dict) -> dict:
+    return _walk_corners(space, lambda name, corners: given.get(name, corners[0]))
+
+
 def _all_corners(space: SearchSpace) -> list[dict] | None:
+    """Every combination of the corners of the parameters a walk reaches (a group's only where its condition holds),
+    depth first; None past MAX_CORNER_COMBINATIONS. Each walk picks, for the n-th parameter it reaches, the n-th of
+    `indices` (0 past its end); then, as an odometer, the last index with a corner left moves on and those after it
+    go: the walk up to a parameter depends only on the values picked before it, so a condition that the move changes
+    can only add or drop parameters after it."""
     results: list[dict] = []
+    indices: list[int] = []
+    counts: list[int] = []  # how many corners each parameter the current walk reached has
 
-    def expand(partial: dict, values: dict, groups: list[ConditionalGroup]) -> bool:
-        if not groups:
-            results.append(partial)
-            return len(results) <= MAX_CORNER_COMBINATIONS
-        group, rest = groups[0], groups[1:]
-        if not group.active(values):
-            return expand(partial, values, rest)
-        names = list(group.parameters)
-        for combo in itertools.product(*(group.parameters[n].corners() for n in names)):
-            chosen = dict(zip(names, combo))
-            if not expand({**partial, **chosen}, {**values, **group.fixed, **chosen}, rest):
-                return False
-        return True
+    def corner_of(_, corners: list) -> object:
+        counts.append(len(corners))
+        return corners[indices[len(counts) - 1] if len(counts) <= len(indices) else 0]
 
-    names = list(space.parameters)
-    for combo in itertools.product(*(space.parameters[n].corners() for n in names)):
-        top = dict(zip(names, combo))
-        if not expand(top, {**space.fixed, **top}, list(space.conditional)):
+    while True:
+        counts.clear()
+        results.append(_walk_corners(space, corner_of))
+        if len(results) > MAX_CORNER_COMBINATIONS:
             return None
-    return results
+        indices += [0] * (len(counts) - len(indices))
+        while indices and indices[-1] + 1 == counts[len(indices) - 1]:
+            indices.pop()
+        if not indices:
+            return results
+        indices[-1] += 1

@@ -6,17 +6,12 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from study.errors import UserError
+from study.schema import StrictModel
 
 Scalar = Union[bool, int, float, str, None]
-
-
-class StrictModel(BaseModel):
-    """A space's parts refuse unknown keys (a misspelt one is an error, not ignored) and are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Categorical(StrictModel):
@@ -139,7 +134,10 @@ class ConditionalGroup(StrictModel):
     )
     fixed: dict[str, Any] = Field(default_factory=dict, description="values set only when the group applies")
 
-    _shorthand = field_validator("parameters", mode="before")(classmethod(lambda cls, v: shorthand_parameters(v)))
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _shorthand(cls, value):
+        return shorthand_parameters(value)
 
     def active(self, values: dict) -> bool:
         for name, allowed in self.when.items():

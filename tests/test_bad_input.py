@@ -135,8 +135,9 @@ CASES = [
     Case("num-samples-zero", [*RUN, "--num-samples", "0"], ["--num-samples", ">= 1"]),
     Case("num-samples-not-a-number", [*RUN, "--num-samples", "many"], ["--num-samples", "invalid int value"]),
     Case("max-concurrent-zero", [*RUN, "--max-concurrent", "0"], ["--max-concurrent", ">= 1"]),
-    Case("workers-per-trial-zero", [*RUN, "--workers-per-trial", "0"], ["--workers-per-trial", ">= 1"]),
-    Case("negative-cpus-per-worker", [*RUN, "--cpus-per-worker", "-1"], ["--cpus-per-worker", "> 0"]),
+    Case("workers-per-trial-zero", [*RUN, "--workers-per-trial", "0"],
+         ["--workers-per-trial", "greater than or equal to 1"]),
+    Case("negative-cpus-per-worker", [*RUN, "--cpus-per-worker", "-1"], ["--cpus-per-worker", "greater than 0"]),
     Case("unknown-flag", [*RUN, "--epochs", "3"], ["unrecognized arguments: --epochs", "--help"]),
     Case("abbreviated-flag", [*RUN, "--num-sam", "3"], ["unrecognized arguments: --num-sam", "--help"]),
     Case("worker-resource-malformed", [*RUN, "--worker-resource", "spot"], ["--worker-resource 'spot'", "NAME=AMOUNT"]),
@@ -204,7 +205,7 @@ def storage(tmp_path_factory) -> Path:
     (study / "trials" / "0.yaml").write_text(yaml.safe_dump({"task": "classification"}))
     (study / "study.json").write_text(json.dumps({
         "name": EXISTING, "space": str(study / "space.yaml"), "created": "2026-11-30T00:00:00+00:00", "seed": 0,
-        "num_samples": 2, "max_concurrent": None,
+        "num_samples": 2, "seeds": [0], "max_concurrent": None,
         "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0}, "tracking_uri": tracking_uri,
         "experiment_id": experiment, "metric": ["val_acc"], "mode": ["max"]}))
     return root

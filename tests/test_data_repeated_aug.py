@@ -117,6 +117,6 @@ def test_the_plan_counts_only_the_images_every_worker_is_sure_to_get():
 
 @pytest.mark.parametrize("augment", ["none", "dino_multicrop"])
 def test_repeated_aug_needs_a_random_augmentation(augment):
-    with pytest.raises(UserError, match=rf"dataset.*repeated_aug: 3 repeats augmented images; it needs augment: basic "
-                                        rf"or three_augment, got {augment}"):
+    with pytest.raises(UserError, match=rf"dataset.*repeated_aug: is read only with augment: basic or three_augment "
+                                        rf"\(here {augment}\)"):
         check_dataset({"source": "digits", "augment": augment, "repeated_aug": 3})

@@ -1,4 +1,4 @@
-"""DINO's multi-crop augmentation (study/data/images.py: dino_crops) against DataAugmentationDINO
+"""DINO's multi-crop augmentation (study/data/images/multicrop.py: dino_crops) against DataAugmentationDINO
 (facebookresearch/dino main_dino.py:419-464, utils.py:36-68) and the torchvision/Pillow calls it makes: the crop
 sizes, every operation's rate, each crop recomputed image by image with Pillow, and the seeding."""
 

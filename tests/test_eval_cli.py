@@ -59,7 +59,7 @@ BAD = [
     (["--tasks", "arc_challenge"], ["arc_challenge", "--include-path"]),  # offline: a hub task
     (["--tasks", "gsm8k_chat"], ["gsm8k_chat", "openai/gsm8k", "--include-path"]),  # offline, no local copy
     (["--tasks", ""], ["--tasks", "arc_easy"]),
-    (["--tasks", "mmlu", "--limit", "0"], ["--limit", ">= 1"]),
+    (["--tasks", "mmlu", "--limit", "0"], ["--limit", "greater than or equal to 1"]),
     (["--tasks", "humaneval", "--allow-code-execution", "--num-samples", "10"], ["--temperature", "> 0"]),
     (["--tasks", "mmlu", "--run-id", "abc"], ["--run-id", "--tracking-uri"]),
     (["--tasks", "mmlu", "--device", "gpu"], ["--device", "cuda"]),

@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "study"
 # What `study/data` may import from above it: leaves of `study/` that import nothing from `study/` themselves.
-DATA_MAY_IMPORT = frozenset({"study.errors"})
+DATA_MAY_IMPORT = frozenset({"study.errors", "study.schema"})
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,128 @@ def test_the_task_kind_check_lives_where_the_run_spec_is_built():
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Attribute) and node.attr == "data_kind"}
     assert readers == {"study/runspec.py"}
+
+
+def _walks_of_conditional_groups(path: Path) -> list[int]:
+    """Lines that read a conditional group's condition (`.when`, `.active`) or loop over a space's groups
+    (`.conditional` in what a `for` or a comprehension iterates)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ("when", "active"):
+            lines.append(node.lineno)
+        if isinstance(node, ast.For | ast.comprehension) and any(
+                isinstance(n, ast.Attribute) and n.attr == "conditional" for n in ast.walk(node.iter)):
+            lines.append(node.iter.lineno)
+    return sorted(lines)
+
+
+def test_the_walk_of_conditional_groups_has_one_owner():
+    """The sampler, `resolve`, the corner checks and the report all walk the space through
+    `SearchSpace.parameters_to_sample` (define-by-run) or `SearchSpace.every_parameter`: only the space reads a
+    group's condition or loops over its groups."""
+    owners = {"study/space.py", "study/space_parameters.py"}
+    walks = [f"{path.relative_to(REPO).as_posix()}:{line}" for path in MODULES.values()
+             if path.relative_to(REPO).as_posix() not in owners for line in _walks_of_conditional_groups(path)]
+    assert walks == []
+
+
+def test_the_walk_reader_sees_each_way_of_walking_the_groups(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(space, values):\n    for group in space.conditional:\n        if group.active(values):\n"
+                      "            pass\n    return [g.when for i, g in enumerate(space.conditional)], "
+                      "bool(space.conditional)\n")
+    assert _walks_of_conditional_groups(sample) == [2, 3, 5, 5]
+
+
+def _limit_checks(path: Path, fields: set[str]) -> list[int]:
+    """Lines that hold one of `fields` to a number by hand: an `if` that compares it with a number and raises, or a
+    call given both (`at_least(1, args.workers, ...)`)."""
+
+    def named(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id in fields) or (isinstance(node, ast.Attribute)
+                                                                      and node.attr in fields)
+
+    def number(node) -> bool:
+        return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If) and any(isinstance(n, ast.Raise) for b in node.body for n in ast.walk(b)):
+            compares = [n for n in ast.walk(node.test) if isinstance(n, ast.Compare)]
+            if any(any(map(named, [c.left, *c.comparators])) and any(map(number, [c.left, *c.comparators]))
+                   for c in compares):
+                lines.append(node.lineno)
+        if isinstance(node, ast.Call) and any(map(named, node.args)) and any(map(number, node.args)):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def _calls(path: Path, names: set[str]) -> list[int]:
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in names]
+
+
+def test_the_worker_limits_have_one_home():
+    """How many workers a run may have and what each may hold are `Resources`' field constraints; the command line's
+    worker flags are checked by them (errors.validate_flags), not by checks of their own."""
+    from study.runspec import Resources
+
+    fields = {"workers", "workers_per_trial", "cpus_per_worker", "gpus_per_worker"}
+    by_hand = [f"{path.relative_to(REPO)}:{line}" for path in MODULES.values() for line in _limit_checks(path, fields)]
+    assert by_hand == []
+    for refused in ({"workers": 0}, {"cpus_per_worker": 0}, {"gpus_per_worker": -1}):
+        with pytest.raises(ValueError, match=next(iter(refused))):
+            Resources(**refused)
+
+
+def test_the_evaluation_rules_have_one_home():
+    """study/evals/spec.py owns the `evaluate:` entry and its rules; the command line checks its flags as an entry,
+    the task modules take their names from it, and only the sandbox decides whether model-written code may run."""
+    from study import precheck, runspec, space
+    from study.evals import cli, gsm8k, humaneval, load, sandbox, spec
+
+    assert humaneval.TASK is spec.HUMANEVAL and gsm8k.TASK is spec.GSM8K_CHAT
+    assert runspec.Evaluations is spec.Evaluations and space.check_evaluation is spec.check_evaluation
+    assert cli.EvaluationSpec is spec.EvaluationSpec and load.check_evaluated_task is spec.check_evaluated_task
+    assert precheck.check_code_execution is spec.check_code_execution
+    owner = STUDY / "evals" / "spec.py"
+    spelled_again = [f"{path.relative_to(REPO)}:{line} {value!r}" for path in MODULES.values() if path != owner
+                     for line, value in _string_constants(path)
+                     if value in spec.OWN_TASKS or "greedy samples" in value or "evaluate language models" in value]
+    assert spelled_again == []
+    by_hand = [f"{path.relative_to(REPO)}:{line}" for path in MODULES.values()
+               if path.is_relative_to(STUDY / "evals") and path != owner
+               for line in _limit_checks(path, {"num_samples", "temperature", "limit", "num_fewshot"})]
+    assert by_hand == []
+    code_execution = [f"{path.relative_to(REPO)}:{line}" for path in MODULES.values() if path.name != "sandbox.py"
+                      for line in _calls(path, {"CodeExecutionNotAllowed", "isolation.require"})]
+    assert code_execution == []
+    with pytest.raises(sandbox.CodeExecutionNotAllowed, match="--tasks humaneval"):
+        spec.check_humaneval_allowed(["mmlu", spec.HUMANEVAL], False, "--")
+
+
+def test_the_limit_reader_sees_each_way_of_checking_by_hand(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(args, r):\n    if args.workers < 1:\n        raise ValueError\n"
+                      "    if r.gpus_per_worker > 0:\n        return 1\n    at_least(1, args.workers, 'x')\n"
+                      "    if cpus_per_worker is not None and not cpus_per_worker > 0:\n        raise ValueError\n")
+    assert _limit_checks(sample, {"workers", "gpus_per_worker", "cpus_per_worker"}) == [2, 6, 7]
+
+
+def test_the_schemas_share_one_strict_base_and_one_validator_idiom():
+    """Strictness (unknown keys refused, values frozen) is set once, in study/schema.py; validators are written as
+    decorated methods, not `field_validator(...)(classmethod(lambda ...))`."""
+    owner = STUDY / "schema.py"
+    configs = [f"{path.relative_to(REPO)}:{node.lineno}" for path in MODULES.values() if path != owner
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and ast.unparse(node.func) == "ConfigDict"
+               and any(k.arg == "extra" and getattr(k.value, "value", None) == "forbid" for k in node.keywords)]
+    assert configs == []
+    lambdas = [f"{path.relative_to(REPO)}:{node.lineno}" for path in MODULES.values()
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and ast.unparse(node.func) == "classmethod"
+               and any(isinstance(a, ast.Lambda) for a in node.args)]
+    assert lambdas == []
 
 
 def _module_level_environment_changes(path: Path) -> list[int]:

@@ -145,7 +145,7 @@ def test_wrong_files_sizes_and_settings_are_one_line_errors(tmp_path, monkeypatc
                         tokenizer_file=str(tmp_path / "junk.tiktoken"))
     with pytest.raises(UserError, match=r"dataset\.bpe\.vocab_size: the training text gives only"):
         nanochat_merges(lambda: ["abc abc"], {"tiny": 1}, vocab_size=4096, max_chars=10, doc_cap=10)
-    with pytest.raises(ValueError, match="bpe: trains tokenizer: nanochat's BPE; this source has tokenizer: gpt2"):
+    with pytest.raises(ValueError, match=r"bpe: is read only with tokenizer: nanochat \(here gpt2\)"):
         FineWebEduConfig(source="fineweb_edu", bpe={"vocab_size": 1024})
 
 

@@ -18,7 +18,6 @@ from study.runspec import (
     complete_hyperparameters,
     load_run_spec,
     model_part,
-    slow_lr_scale,
     train_config,
 )
 from study.space import load_space, parse_space
@@ -51,7 +50,8 @@ def optimiser_and_schedule_reads(hyperparameters: dict) -> set[str]:
     """The training keys study/optim.py reads to build this run's optimiser and learning-rate schedule."""
     train = NotingReads(train_config(hyperparameters))
     model_config = model_part(hyperparameters)
-    optimizer = build_optimizer(models.build_model(model_config), train, slow_lr_scale(model_config))
+    # the slow parameters' factor changes their learning rate, not which training keys are read
+    optimizer = build_optimizer(models.build_model(model_config), train, slow_scale=1.0)
     build_schedule(optimizer, train, steps_per_epoch=10, epochs=2)
     return train.read
 

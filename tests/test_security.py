@@ -25,8 +25,9 @@ def study_dir(tmp_path) -> Path:
     tracking_uri, _ = local_store(folder)
     (folder / "study.json").write_text(json.dumps({
         "name": "quick", "space": "quick.yaml", "created": "2026-01-01T00:00:00+00:00", "seed": 0, "num_samples": 1,
-        "max_concurrent": None, "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0},
-        "tracking_uri": tracking_uri, "experiment_id": "1", "metric": ["val_acc"], "mode": ["max"]}))
+        "seeds": [0], "max_concurrent": None,
+        "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0}, "tracking_uri": tracking_uri,
+        "experiment_id": "1", "metric": ["val_acc"], "mode": ["max"]}))
     return folder
 
 

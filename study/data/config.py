@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from study.data.nanochat_bpe import NANOCHAT_DOC_CAP, NANOCHAT_MAX_CHARS, NANOCHAT_VOCAB_SIZE
 from study.data.spelling import WORD_LIST_PATH, WORD_LIST_URL
+from study.schema import StrictModel
 
 AugmentLevel = Literal["none", "basic", "three_augment", "dino_multicrop"]
 # The fields that name files or folders: relative ones are read from the folder of the space or config that says so.
@@ -31,10 +32,35 @@ SEGMENTATION = "segmentation"  # images with a per-pixel class mask each
 TRANSLATION = "translation"  # sentence pairs (source, target)
 
 
-class _Source(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class _Source(StrictModel):
     split_seed: int = Field(0, description="seed of the train/validation hold-out split (not the trial seed)")
+
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """The fields this source reads under some settings only (its loader's and study/data/build.py's code path):
+        field -> (whether these settings read it, the settings that would, in words; None where none would). Every
+        other field is read by every run of the source."""
+        return {}
+
+    def read_fields(self) -> frozenset[str]:
+        """The fields a run of this config reads: what its records hold (trial YAML, export, MLflow's dataset)."""
+        return frozenset(name for name in type(self).model_fields if self.read_when().get(name, (True,))[0])
+
+    @model_serializer(mode="wrap")
+    def _dump_read_fields(self, handler):
+        # An unread field is at its default (a set one is refused below): validating the dump gives this config back.
+        read = self.read_fields()
+        return {name: value for name, value in handler(self).items() if name in read}
+
+    @model_validator(mode="after")
+    def _set_fields_are_read(self):
+        # A field at its default changes nothing, so a dump that holds every field (older exports) still loads.
+        for name, (read, readers) in sorted(self.read_when().items()):
+            default = type(self).model_fields[name].default
+            if read or name not in self.model_fields_set or getattr(self, name) == default:
+                continue
+            raise ValueError(f"{name}: is read only with {readers}; leave it out" if readers else
+                             f"{name}: is not read by source {self.source}; leave it out")
+        return self
 
     def relative_to(self, base: Path):
         """This config with its relative paths (and `~`) made absolute, relative ones taken from `base`."""
@@ -85,11 +111,26 @@ class _ImageSource(_Source):
         "1/r of the training images, each r times with augmentations of its own, the copies next to each other in the "
         "batches, so an epoch stays as long; 1: off")
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """build.image_task and images.py: the random resized crop and the flip are basic's and three_augment's
+        (DINO's views draw their own), the colour jitter three_augment's, the views' settings dino_multicrop's;
+        Mixup/CutMix and label smoothing are the batch mixer's, which passes multi-crop views through unmixed."""
+        def augment(*levels: str) -> tuple[bool, str]:
+            return self.augment in levels, f"augment: {' or '.join(levels)} (here {self.augment})"
+
+        crop, multicrop = augment("basic", "three_augment"), augment("dino_multicrop")
+        mixer = augment("none", "basic", "three_augment")
+        here = f"(here mixup {self.mixup}, cutmix {self.cutmix})"
+        # mix_prob decides whether a batch is mixed at all, switch_prob which of the two mixes it (images.BatchMixer)
+        mixing = (self.mixup > 0 or self.cutmix > 0, f"mixup or cutmix > 0 {here}") if mixer[0] else mixer
+        switching = (self.mixup > 0 and self.cutmix > 0, f"mixup and cutmix > 0 {here}") if mixer[0] else mixer
+        return {"crop_scale": crop, "crop_ratio": crop, "hflip": crop, "repeated_aug": crop,
+                "color_jitter": augment("three_augment"),
+                **dict.fromkeys(("local_crops", "local_size", "global_crop_scale", "local_crop_scale"), multicrop),
+                "mixup": mixer, "cutmix": mixer, "label_smoothing": mixer, "mix_prob": mixing, "switch_prob": switching}
+
     @model_validator(mode="after")
     def _check_ranges(self):
-        if self.repeated_aug > 1 and self.augment not in ("basic", "three_augment"):
-            raise ValueError(f"repeated_aug: {self.repeated_aug} repeats augmented images; it needs augment: basic or "
-                             f"three_augment, got {self.augment}")
         return _check_crop_and_normalisation(self)
 
 
@@ -108,10 +149,14 @@ def _check_crop_and_normalisation(cfg):
     return cfg
 
 
-class BPETraining(BaseModel):
-    """How `tokenizer: nanochat` trains its BPE (scripts/tok_train.py's arguments, speedrun.sh's max_chars)."""
+def _hold_out(cfg) -> dict[str, tuple[bool, str | None]]:
+    """A source with a val_path reads its validation split from there; without, a seeded hold-out makes it."""
+    held_out = (cfg.val_path is None, f"no val_path (here {cfg.val_path})")
+    return {"split_seed": held_out, "val_fraction": held_out}
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class BPETraining(StrictModel):
+    """How `tokenizer: nanochat` trains its BPE (scripts/tok_train.py's arguments, speedrun.sh's max_chars)."""
 
     vocab_size: int = Field(NANOCHAT_VOCAB_SIZE, ge=256 + 9,  # the 256 bytes and the 9 special tokens at least
                             description="tokens, nanochat's 9 special tokens included (nanochat: 2**16 = 65536)")
@@ -160,11 +205,12 @@ class _TextSource(_Source):
             known["vocab_size"] = GPT2_MERGES + extra
         return known
 
-    @model_validator(mode="after")
-    def _bpe_settings_train_nanochat(self):
-        if self.tokenizer != "nanochat" and self.bpe != BPETraining():  # (a dumped config holds the defaults)
-            raise ValueError(f"bpe: trains tokenizer: nanochat's BPE; this source has tokenizer: {self.tokenizer}")
-        return self
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """text.source_tokenizer and resolve_tokenizer: `bpe` trains nanochat's BPE, bytes need no file;
+        build.text_task: eval_stride strides the windows of eval_contexts."""
+        return {"bpe": (self.tokenizer == "nanochat", f"tokenizer: nanochat (here {self.tokenizer})"),
+                "tokenizer_file": (self.tokenizer != "byte", "tokenizer: gpt2, nanochat or auto (here byte)"),
+                "eval_stride": (bool(self.eval_contexts), "eval_contexts (here none)")}
 
     @field_validator("eval_contexts")
     @classmethod
@@ -259,6 +305,12 @@ class HubImageConfig(_ImageSource):
             raise ValueError(f"{name!r} is not one of {', '.join(HUB_PRESETS)} nor a hub id 'owner/name'")
         return name
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """image_sources.load_hub_images: val_fraction holds out part of train_split instead of val_split."""
+        held_out = self.val_fraction is not None
+        return {**super().read_when(), "split_seed": (held_out, f"val_fraction (here {self.val_fraction})"),
+                "val_split": (not held_out, f"no val_fraction (here {self.val_fraction})")}
+
     @property
     def preset(self) -> HubPreset | None:
         return HUB_PRESETS.get(self.name)
@@ -280,6 +332,9 @@ class ParquetImageConfig(_ImageSource):
     num_classes: int | None = Field(None, ge=2, description="None: 1 + the largest label in the data")
     in_chans: Literal[1, 3] | None = Field(None, description="None: from the first image (L -> 1, else 3)")
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        return {**super().read_when(), **_hold_out(self)}
+
 
 class ImageFolderConfig(_ImageSource):
     """A folder of class sub-folders, `root/<class>/<image file>`; classes are the sorted sub-folder names."""
@@ -293,6 +348,9 @@ class ImageFolderConfig(_ImageSource):
     )
     in_chans: Literal[1, 3] | None = Field(None, description="None: from the first image (L -> 1, else 3)")
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        return {**super().read_when(), **_hold_out(self)}
+
 
 class _HubTextSource(_TextSource):
     """Text streamed from a hub repository's parquet files, or from a local copy of it."""
@@ -302,6 +360,10 @@ class _HubTextSource(_TextSource):
     local_dir: str | None = Field(None, description="a local copy of the hub repository: read instead of the hub")
     tokenizer: TokenizerName = Field("gpt2", description="gpt2, byte, or auto (gpt2 if found, else byte)")
     text_column: str = Field("text", description="column of the documents' text")
+
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """The hub's own splits: nothing is held out."""
+        return {**super().read_when(), "split_seed": (False, None)}
 
 
 class FineWebEduConfig(_HubTextSource):
@@ -349,6 +411,9 @@ class TextFilesConfig(_TextSource):
     val_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="seeded hold-out fraction of the documents")
     text_column: str = Field("text", description="column of the text (parquet and JSONL files)")
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        return {**super().read_when(), **_hold_out(self)}
+
 
 class _SegmentationSource(_Source):
     """Images with per-pixel class masks: the same crop and flip move image and mask together (the mask resampled
@@ -365,6 +430,11 @@ class _SegmentationSource(_Source):
     mean: tuple[float, ...] | None = Field(None, description="per-channel normalisation mean (None: ImageNet's)")
     std: tuple[float, ...] | None = Field(None, description="per-channel normalisation std (None: ImageNet's)")
     shuffle_buffer: int = Field(1024, ge=1, description="rows in each worker's seeded local shuffle buffer")
+
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """segmentation.segmentation_task: the crop and flip are basic's (none trains on the evaluation transform)."""
+        return dict.fromkeys(("crop_scale", "crop_ratio", "hflip"),
+                             (self.augment == "basic", f"augment: basic (here {self.augment})"))
 
     @model_validator(mode="after")
     def _check_ranges(self):
@@ -400,6 +470,10 @@ class ADE20KConfig(_SegmentationSource):
     image_size: int = Field(
         224, ge=4, description="side of the square crops fed to the model (DINO's ViT-S/16 is trained at 224)"
     )
+
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """The benchmark's own splits: nothing is held out."""
+        return {**super().read_when(), "split_seed": (False, None)}
 
     @field_validator("split_files")
     @classmethod
@@ -444,6 +518,10 @@ class _TranslationSource(_Source):
                                                    "left out (fairseq's max-positions filter); validation pairs never")
     shuffle_buffer: int = Field(4096, ge=1, description="pairs in each worker's seeded local shuffle buffer")
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """translation_sources._vocabulary: a tokenizer_file is read instead of training the BPE."""
+        return {"vocab_size": (self.tokenizer_file is None, "no tokenizer_file (the BPE trained)")}
+
 
 class ToyTranslationConfig(_TranslationSource):
     """A generated language pair (offline): SVO source with number-marked nouns, SOV target whose verb agrees with a
@@ -476,6 +554,11 @@ class WMT14Config(_TranslationSource):
     tokenizer_pairs: int = Field(1_000_000, ge=1, description="training pairs the BPE is learnt on (the first ones)")
     max_train_pairs: int | None = Field(None, ge=1, description="cap on training pairs (None: all 4.5M)")
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """load_wmt14: the BPE's training pairs with the BPE; the split is the hub's own."""
+        trained = super().read_when()["vocab_size"]
+        return {"vocab_size": trained, "tokenizer_pairs": trained, "split_seed": (False, None)}
+
 
 # Conversation sets (study/data/chat_sources.py): nanochat's mid-training and SFT data, local JSONL, or generated.
 SPELLING_PARTS = ("spelling_bee", "simple_spelling")
@@ -489,11 +572,9 @@ CHAT_HUB_PARTS = {  # name: (hub id, hub configuration, default training split)
 }
 
 
-class ChatPart(BaseModel):
+class ChatPart(StrictModel):
     """One set of conversations in a chat mixture: a hub dataset nanochat trains on (tasks/*.py), local JSONL, or one of
     nanochat's spelling tasks generated from a word list (study/data/spelling.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Literal["smoltalk", "mmlu_auxiliary_train", "mmlu", "gsm8k", "arc_easy", "arc_challenge", "jsonl",
                   "spelling_bee", "simple_spelling"] = Field(
@@ -561,12 +642,10 @@ class ChatConfig(_TextSource):
             known.pop("vocab_size")
         return known
 
-    @model_validator(mode="after")
-    def _trains_no_bpe(self):
-        if self.bpe != BPETraining():
-            raise ValueError("bpe: a chat source trains no BPE; with tokenizer: nanochat it reads the one the "
-                             "pre-training trained (or tokenizer_file)")
-        return self
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """chat_sources.load_chat: no BPE is trained (tokenizer: nanochat reads the pre-training's, or
+        tokenizer_file), and the conversations are not evaluated in long-context windows."""
+        return {**super().read_when(), **dict.fromkeys(("bpe", "eval_contexts", "eval_stride"), (False, None))}
 
     def relative_to(self, base: Path):
         def part(p: ChatPart) -> ChatPart:

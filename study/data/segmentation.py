@@ -1,6 +1,6 @@
 """Images with per-pixel class masks: decoding, the crop and flip shared by image and mask, and the TaskData.
 
-Per-sample work runs in Ray Data `map_batches` tasks on CPU workers, as for classification (`images.py`): a training
+Per-sample work runs in Ray Data `map_batches` tasks on CPU workers, as for classification (`images`): a training
 row gets one random resized crop box (torchvision's algorithm, `images.random_resized_boxes`) and one flip draw, and
 both are applied to the image (bilinear, as mmsegmentation resizes images) and to the mask (nearest-neighbour, so no
 label is invented at a border); evaluation resizes the short side to the model's side and takes the centre square.

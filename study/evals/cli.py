@@ -1,18 +1,18 @@
 """`lapstudy eval CONFIG_OR_RUN --tasks ...`: check the command line, load the run's model, evaluate, print and log.
 
 Every check that needs no model comes first (the flags, the HumanEval flag, whether each task can be found or its
-data reached), so a mistake costs no model loading and runs nothing."""
+data reached), so a mistake costs no model loading and runs nothing. The flags that an `evaluate:` entry also has are
+checked as one (study/evals/spec.py), named as flags."""
 
 from __future__ import annotations
 
 import re
 import time
 
-from study.errors import UserError
-from study.evals import isolation
-from study.evals.evaluate import HUMANEVAL, OWN_TASKS, check_tasks, evaluate_model, require_harness
+from study.errors import UserError, validate_flags
+from study.evals.evaluate import check_tasks, evaluate_model, require_harness
 from study.evals.load import load_model
-from study.evals.sandbox import CodeExecutionNotAllowed
+from study.evals.spec import HARNESS_EXAMPLES, OWN_TASKS, EvaluationSpec, check_humaneval_allowed
 
 EXPERIMENT = "lapstudy-eval"
 
@@ -21,26 +21,26 @@ def parse_tasks(text: str) -> list[str]:
     tasks = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in tasks if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t)]
     if not tasks or bad:
-        raise UserError(f"--tasks {text!r}: expected comma-separated task names, e.g. arc_easy,arc_challenge,mmlu,"
-                        f"gsm8k,{','.join(OWN_TASKS)}")
+        raise UserError(f"--tasks {text!r}: expected comma-separated task names, e.g. "
+                        f"{','.join(HARNESS_EXAMPLES + OWN_TASKS)}")
     return list(dict.fromkeys(tasks))
+
+
+def evaluation_of(args, tasks: list[str]) -> EvaluationSpec:
+    """The flags an `evaluate:` entry also has, checked by its rules; a refusal names the flags (--num-samples for
+    num_samples)."""
+    flags = {name: f"--{name.replace('_', '-')}" for name in EvaluationSpec.model_fields}
+    entry = {name: getattr(args, name) for name in flags if name != "tasks"}
+    entry["include_path"] = [str(folder) for folder in entry["include_path"]]
+    return validate_flags(EvaluationSpec, {"tasks": tasks, **entry}, flags)
 
 
 def check_flags(args) -> list[str]:
     tasks = parse_tasks(args.tasks)
-    for flag, value, low in (("--limit", args.limit, 1), ("--num-fewshot", args.num_fewshot, 0),
-                             ("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1)):
-        if value is not None and value < low:
-            raise UserError(f"{flag}: must be >= {low}, got {value}")
-    if not args.temperature >= 0:
-        raise UserError(f"--temperature: must be >= 0, got {args.temperature:g}")
-    if args.num_samples > 1 and args.temperature == 0:
-        raise UserError(f"--temperature: must be > 0 with --num-samples {args.num_samples} (greedy samples are all "
-                        "the same); e.g. 0.8 as the Codex paper's pass@10, 1.0 as nanochat's GSM8K pass@k")
-    if HUMANEVAL in tasks and not args.allow_code_execution:
-        raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
-    if HUMANEVAL in tasks:
-        isolation.require(f"--tasks {HUMANEVAL}")  # before the model is loaded
+    evaluation_of(args, tasks)
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    check_humaneval_allowed(tasks, args.allow_code_execution, "--")  # before the model is loaded
     if args.run_id and not args.tracking_uri:
         raise UserError("--run-id: needs --tracking-uri (the server that holds the run)")
     for folder in args.include_path:

@@ -17,14 +17,18 @@ from pathlib import Path
 
 from study.data.hub import hub_reachable
 from study.errors import UserError
-from study.evals import gsm8k, isolation
-from study.evals.humaneval import TASK as HUMANEVAL
-from study.evals.humaneval import evaluate_humaneval, evaluations, find_problem_file, load_problems
+from study.evals import gsm8k
+from study.evals.humaneval import evaluate_humaneval, find_problem_file, load_problems
 from study.evals.load import tokenizer_for
-from study.evals.sandbox import ALLOW_FLAG, CodeExecutionNotAllowed, Limits
-from study.runspec import EvaluationSpec
-
-OWN_TASKS = (HUMANEVAL, gsm8k.TASK)  # not lm_eval's: this project's definitions
+from study.evals.sandbox import Limits
+from study.evals.spec import (
+    HARNESS_EXAMPLES,
+    HUMANEVAL,
+    OWN_TASKS,
+    EvaluationSpec,
+    check_humaneval_allowed,
+    evaluations,
+)
 
 
 def require_harness(asker: str) -> None:
@@ -68,8 +72,8 @@ def harness_task_manager(names: Iterable[str], include_path: Iterable[Path] = ()
     manager = TaskManager(include_path=paths or None)
     unknown = [n for n in rest if n not in manager.all_tasks]
     if unknown:
-        raise UserError(f"--tasks {','.join(unknown)}: no such lm_eval task (e.g. arc_easy, arc_challenge, mmlu, "
-                        f"gsm8k, {', '.join(OWN_TASKS)}); see `lm_eval ls tasks` or --include-path")
+        raise UserError(f"--tasks {','.join(unknown)}: no such lm_eval task (e.g. "
+                        f"{', '.join(HARNESS_EXAMPLES + OWN_TASKS)}); see `lm_eval ls tasks` or --include-path")
     return manager
 
 
@@ -87,10 +91,7 @@ def evaluate_model(model, tokenizer, tasks: list[str], *, include_path: Iterable
     from study.evals.harness import LapstudyLM
 
     tasks = list(dict.fromkeys(tasks))
-    if HUMANEVAL in tasks and allow_code_execution is not True:
-        raise CodeExecutionNotAllowed(f"--tasks {HUMANEVAL}")
-    if HUMANEVAL in tasks:
-        isolation.require(f"--tasks {HUMANEVAL}")  # before the harness's tasks take their time
+    check_humaneval_allowed(tasks, allow_code_execution, "--")  # before the harness's tasks take their time
     include_path = [Path(p) for p in include_path]
     harness_tasks = [t for t in tasks if t not in OWN_TASKS]
     manager = harness_task_manager(harness_tasks, include_path, include_defaults) if harness_tasks else None
@@ -168,5 +169,5 @@ def evaluate_stage(model, evaluation: EvaluationSpec, dataset, *, seed: int, all
                           num_fewshot=evaluation.num_fewshot, apply_chat_template=evaluation.chat, seed=seed, log=log)
 
 
-__all__ = ["ALLOW_FLAG", "HUMANEVAL", "OWN_TASKS", "check_evaluations", "check_tasks", "evaluate_model",
-           "evaluate_stage", "harness_task_manager", "metric_name", "require_harness"]
+__all__ = ["check_evaluations", "check_tasks", "evaluate_model", "evaluate_stage", "harness_task_manager",
+           "metric_name", "require_harness"]

@@ -24,9 +24,10 @@ from study.data.chat import render_conversation
 from study.data.hub import hub_reachable
 from study.data.text import CHAT_SPECIAL_TOKENS
 from study.errors import UserError
+from study.evals.spec import GSM8K_CHAT
 from study.evals.text_tokenizer import TextTokenizer
 
-TASK = "gsm8k_chat"
+TASK = GSM8K_CHAT
 HUB_DATASET, HUB_CONFIG = "openai/gsm8k", "main"
 SHUFFLE_SEED = 42  # tasks/gsm8k.py: load_dataset(...).shuffle(seed=42)
 TOP_K = 50  # chat_rl.py and chat_eval.py

@@ -21,32 +21,14 @@ from pathlib import Path
 
 from study.data.hub import hub_reachable
 from study.errors import UserError
-from study.evals import isolation
-from study.evals.sandbox import CodeExecutionNotAllowed, Limits, Sample, mean_pass_at_k, run_samples
+from study.evals.sandbox import Limits, Sample, mean_pass_at_k, require_code_execution, run_samples
+from study.evals.spec import HUMANEVAL
 
-TASK = "humaneval"
+TASK = HUMANEVAL
 FILE_NAMES = ("humaneval.jsonl", "humaneval.jsonl.gz", "HumanEval.jsonl.gz")
 STOP_SEQUENCES = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]  # lm_eval's tasks/humaneval/humaneval.yaml
 HUB_DATASET = "openai/openai_humaneval"
 FIELDS = ("task_id", "prompt", "test", "entry_point")
-
-
-def check_code_execution(run, allow_code_execution: bool, where: str) -> None:
-    """CodeExecutionNotAllowed when an `evaluate:` entry of a run config or a space (`where` names it) asks for
-    HumanEval and the command line did not allow running the model's code, SandboxUnavailable when it did but this
-    machine cannot contain that code (checked before anything starts)."""
-    for place, evaluation in evaluations(run):
-        if TASK in evaluation.tasks:
-            if not allow_code_execution:
-                raise CodeExecutionNotAllowed(f"{where}: {place}.tasks {TASK}")
-            isolation.require(f"{where}: {place}.tasks {TASK}")
-
-
-def evaluations(run) -> list:
-    """(where it is written, entry) of every `evaluate:` entry of a run config or a space."""
-    return [*((f"evaluate[{i}]", e) for i, e in enumerate(run.evaluate)),
-            *((f"stages[{s}].evaluate[{i}]", e) for s, stage in enumerate(run.stages)
-              for i, e in enumerate(stage.evaluate))]
 
 
 def find_problem_file(include_paths: list[Path]) -> Path | None:
@@ -118,9 +100,7 @@ def evaluate_humaneval(lm, problems: list[dict], *, allow_code_execution: bool, 
                        limits: Limits = Limits(), log=print) -> tuple[dict[str, float], list[dict]]:
     """({"pass_at_<k>": value} for every k <= num_samples, one record per sample). `lm`: a LapstudyLM. Checks the
     flag before generating anything."""
-    if allow_code_execution is not True:
-        raise CodeExecutionNotAllowed()
-    isolation.require()
+    require_code_execution(allow_code_execution)
     records, programs = [], []
     for problem in problems:
         for sample in range(num_samples):

@@ -20,6 +20,7 @@ import torch
 import models
 from study.data.text import Tokenizer, resolve_tokenizer
 from study.errors import UserError
+from study.evals.spec import check_evaluated_task
 from study.runspec import load_run_spec, model_part
 from study.yamlio import load_yaml
 
@@ -47,9 +48,7 @@ def load_model(config: str | Path, checkpoint: str | Path | None = None, device:
     """(GPT in eval mode with the checkpoint's weights, its Tokenizer, the RunSpec) of a run."""
     config_path, state_path = resolve_run(Path(config), Path(checkpoint) if checkpoint else None)
     spec = load_run_spec(config_path)
-    if spec.task != "language_modeling":
-        raise UserError(f"run config {config_path}: task: lapstudy eval evaluates language models "
-                        f"(task language_modeling), got {spec.task!r}")
+    check_evaluated_task(spec.task, f"run config {config_path}: task")
     model = trained_model(spec, config_path, state_path, device)
     tokenizer = tokenizer_for(spec.dataset, model.config.vocab_size, f"run config {config_path}")
     return model, tokenizer, spec

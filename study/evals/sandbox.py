@@ -67,6 +67,14 @@ class CodeExecutionNotAllowed(UserError):
         return type(self), (self.what,)
 
 
+def require_code_execution(allow_code_execution: bool, what: str = "HumanEval") -> None:
+    """The rule for running model-written code (`what` names what asks for it): only where the command line allowed
+    it, and only where this machine can contain it (CodeExecutionNotAllowed, SandboxUnavailable)."""
+    if allow_code_execution is not True:
+        raise CodeExecutionNotAllowed(what)
+    isolation.require(what)
+
+
 @dataclass(frozen=True)
 class Limits:
     cpu_s: int = 10  # CPU seconds (RLIMIT_CPU) of each process: SIGXCPU at the limit
@@ -107,18 +115,14 @@ def run_sample(sample: Sample, *, allow_code_execution: bool, limits: Limits = L
 
     Raises CodeExecutionNotAllowed unless `allow_code_execution`, SandboxUnavailable where it cannot be contained,
     both before anything runs."""
-    if allow_code_execution is not True:
-        raise CodeExecutionNotAllowed()
-    isolation.require()
+    require_code_execution(allow_code_execution)
     return _run(sample, limits)
 
 
 def run_samples(samples: list[Sample], *, allow_code_execution: bool, limits: Limits = Limits(),
                 workers: int | None = None) -> list[ExecutionResult]:
     """`run_sample` over many samples, `workers` at a time (default: the CPUs), results in their order."""
-    if allow_code_execution is not True:
-        raise CodeExecutionNotAllowed()
-    isolation.require()
+    require_code_execution(allow_code_execution)
     workers = workers or max(1, min(len(os.sched_getaffinity(0)), 8))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda s: _run(s, limits), samples))

@@ -16,18 +16,17 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 import models
 from models.base import MixerModel
 from models.geometry import GeometryAccumulator
+from study.schema import StrictModel
 from study.worker import Worker
 
 
-class GeometrySpec(BaseModel):
+class GeometrySpec(StrictModel):
     """When and how much token geometry (models.geometry) each run computes on the validation split."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     every: int = Field(0, ge=0, description="also compute geometry every N epochs (0: only after the last epoch)")
     at_epochs: tuple[int, ...] = Field((), description="also at these epochs: the study's ASHA rungs, so that a "

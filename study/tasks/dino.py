@@ -20,21 +20,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 import models
 from models.dino import DINOHead, DINOLoss, MultiCropForward, cancel_last_layer_gradients, cosine_schedule, ema_update_
 from models.geometry import GeometryAccumulator
 from models.knn import knn_predict
+from study.schema import StrictModel
 from study.tasks.base import GeometryPictures, Task
 from study.tasks.patches import PatchGeometry
 
 
-class DINOOptions(BaseModel):
+class DINOOptions(StrictModel):
     """main_dino.py's arguments (:60-130) under this project's names; defaults are the reference's."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     dino_out_dim: int = Field(65536, ge=2, description="output dimension of the DINO head")
     dino_norm_last_layer: bool = Field(True, description="the head's last layer weight-normalised with g frozen at 1")

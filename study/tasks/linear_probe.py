@@ -5,18 +5,17 @@ trains; its accuracy is how good the frozen features are."""
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from models.base import ModelOutput
 from models.probes import LinearClassifier, class_token_dim, class_token_features
+from study.schema import StrictModel
 from study.tasks.classification import Classification
 from study.tasks.frozen import FrozenBackbone, carried_backbone
 
 
-class ProbeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ProbeOptions(StrictModel):
     probe_blocks: int = Field(4, ge=1, description="class tokens of this many last blocks, concatenated (DINO's "
                                                    "n_last_blocks: 4 for ViT-S, 1 for ViT-B)")
     probe_avgpool: bool = Field(False, description="also the mean of the last block's patch tokens (ViT-B)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from models.base import ModelOutput
@@ -27,14 +27,13 @@ from models.probes import (
     segmentation_loss,
     upsample_logits,
 )
+from study.schema import StrictModel
 from study.tasks.base import GeometryPictures, Task
 from study.tasks.frozen import FrozenBackbone, carried_backbone
 from study.tasks.patches import PatchGeometry
 
 
-class SegmentationProbeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class SegmentationProbeOptions(StrictModel):
     seg_blocks: int = Field(1, ge=1, description="patch tokens of this many last blocks, concatenated (DINOv2's "
                                                  "linear head: 1; its multi-scale head: 4)")
     seg_cls_token: bool = Field(True, description="the class token beside every patch (DINOv2's linear head)")

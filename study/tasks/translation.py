@@ -21,10 +21,11 @@ import time
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from models.beam_search import beam_search
 from models.geometry import GeometryAccumulator, most_frequent_targets
+from study.schema import StrictModel
 from study.tasks.base import GeometryPictures, Task
 
 PAD, BOS, EOS = 0, 1, 2  # study/data/translation.py's special ids (the model's pad_id is set by the data to PAD)
@@ -41,10 +42,8 @@ GEOMETRY_NAMES = {"total_var": "total_var", "within_seq_var": "within_seq_var", 
                   "target_total_var": "token_total_var"}
 
 
-class TranslationOptions(BaseModel):
+class TranslationOptions(StrictModel):
     """The translation keys of a trial (defaults: Transformer-base, Vaswani et al. 2017, section 5.4 and 6.1)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     mt_label_smoothing: float = Field(0.1, ge=0, lt=1, description="label smoothing of the training loss")
     mt_beam_size: int = Field(4, ge=1, description="beam width of the evaluation's search (1: greedy)")
