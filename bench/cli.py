@@ -36,7 +36,7 @@ LAPSTUDY = Path(sys.executable).with_name("lapstudy")
 TARGETS_S = {"help": 1.0, "version": 1.0, "bad_flag": 1.0, "no_bucket": 1.0, "bad_space": 2.0,
              "impossible_corner": 2.0, "status": 3.0, "ui": 20.0}
 SPACE = {"name": "bench_cli", "task": "classification", "dataset": {"source": "digits"}, "metric": "val_acc",
-         "mode": "max", "epochs": 1, "num_samples": 1, "scheduler": "none", "geometry": {"max_batches": 1},
+         "mode": "max", "epochs": 1, "num_samples": 1, "early_stopping": "none", "geometry": {"max_batches": 1},
          "fixed": {"preset": "vit_tiny_digits", "depth": 2, "batch_size": 64},
          "parameters": {"lr": {"type": "log_float", "low": 1.0e-3, "high": 3.0e-3}}}
 

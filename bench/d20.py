@@ -24,7 +24,7 @@ from models import build_model, count_parameters
 
 def variants(start_layer: int, max_count: int) -> dict[str, dict]:
     return {"baseline": {"k": 0},
-            "ramp": {"schedule": "ramp", "start_layer": start_layer, "increment": 1, "max_count": max_count},
+            "ramp": {"laplacian_schedule": "ramp", "start_layer": start_layer, "increment": 1, "max_count": max_count},
             "stlt": {"mixer": "stlt"}}
 
 

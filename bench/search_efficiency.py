@@ -75,22 +75,22 @@ SPACE = {
     "epochs": EPOCHS,
     "seed": 0,
     "sampler": {"kind": "tpe", "n_startup_trials": 4},
-    "scheduler": {"kind": "asha", "grace_period": 2, "reduction_factor": 2},
+    "early_stopping": {"kind": "asha", "grace_period": 2, "reduction_factor": 2},
     "geometry": {"every": 1, "pca_points": 500},
     "fixed": {"preset": "vit_tiny_digits", "batch_size": 64, "weight_decay": 0.05, "warmup_epochs": 1},
-    "parameters": {"lr": [1.0e-3, 3.0e-3], "schedule": ["uniform", "ramp"]},
+    "parameters": {"lr": [1.0e-3, 3.0e-3], "laplacian_schedule": ["uniform", "ramp"]},
     "conditional": [
-        {"when": {"schedule": "uniform"}, "parameters": {"k": [0, 1, 2, 4]}},
-        {"when": {"schedule": "ramp"}, "parameters": {"start_layer": [0, 2], "max_count": [2, 4]},
+        {"when": {"laplacian_schedule": "uniform"}, "parameters": {"k": [0, 1, 2, 4]}},
+        {"when": {"laplacian_schedule": "ramp"}, "parameters": {"start_layer": [0, 2], "max_count": [2, 4]},
          "fixed": {"increment": 1}},
     ],
 }
 
 
-def load_bench_space(scheduler: dict | None = None, sampler: dict | None = None):
+def load_bench_space(early_stopping: dict | None = None, sampler: dict | None = None):
     from study.space import parse_space
 
-    return parse_space({**SPACE, **({"scheduler": scheduler} if scheduler else {}),
+    return parse_space({**SPACE, **({"early_stopping": early_stopping} if early_stopping else {}),
                         **({"sampler": sampler} if sampler else {})}, "bench space")
 
 
@@ -98,9 +98,10 @@ def grid_configs() -> list[dict]:
     """Every configuration of SPACE: its sampled values."""
     configs = []
     for lr in SPACE["parameters"]["lr"]:
-        configs += [{"lr": lr, "schedule": "uniform", "k": k} for k in SPACE["conditional"][0]["parameters"]["k"]]
+        configs += [{"lr": lr, "laplacian_schedule": "uniform", "k": k}
+                    for k in SPACE["conditional"][0]["parameters"]["k"]]
         ramp = SPACE["conditional"][1]["parameters"]
-        configs += [{"lr": lr, "schedule": "ramp", "start_layer": s, "max_count": m}
+        configs += [{"lr": lr, "laplacian_schedule": "ramp", "start_layer": s, "max_count": m}
                     for s in ramp["start_layer"] for m in ramp["max_count"]]
     return configs
 
@@ -194,7 +195,7 @@ class Answers:
         return spent[-1] if spent else math.inf
 
 
-def replay_search(curves, final_means, *, sampler: str, scheduler: str, search_seed: int, concurrency: int,
+def replay_search(curves, final_means, *, sampler: str, early_stopping: str, search_seed: int, concurrency: int,
                   budget: int, grace_period: int) -> Answers:
     """One search through the project's searcher and scheduler objects, as Tune's controller calls them, on
     `concurrency` replayed workers, until it has spent `budget` epochs. A trial sees the curve at seed
@@ -206,8 +207,8 @@ def replay_search(curves, final_means, *, sampler: str, scheduler: str, search_s
 
     from study.search import DefineByRun, StudySearch, make_sampler, make_scheduler
 
-    space = load_bench_space(scheduler={"kind": scheduler, "grace_period": grace_period,
-                                        "reduction_factor": SPACE["scheduler"]["reduction_factor"]},
+    space = load_bench_space(early_stopping={"kind": early_stopping, "grace_period": grace_period,
+                                             "reduction_factor": SPACE["early_stopping"]["reduction_factor"]},
                              sampler={**SPACE["sampler"], "kind": sampler})
     searcher = StudySearch(space=DefineByRun(space), metric=space.metrics[0], mode=space.modes[0],
                            sampler=make_sampler(space, search_seed))
@@ -323,7 +324,7 @@ def measure(recorded: dict, *, search_seeds: int, concurrency: int, grace_period
                                 "per_seed": [c[-1]["val_acc"] for c in curves[best_key]]},
                        "final_means": {k: round(v, 4) for k, v in sorted(final_means.items(), key=lambda kv: -kv[1])}},
               "rung_ranking_vs_final": rung_prediction_quality(curves, load_bench_space(
-                  scheduler={**SPACE["scheduler"], "grace_period": grace_period}).judged_epochs()),
+                  early_stopping={**SPACE["early_stopping"], "grace_period": grace_period}).judged_epochs()),
               "grace_period": grace_period,
               "tolerance_points": TOLERANCE * 100, "search_seeds": search_seeds, "concurrency": concurrency}
     per_method = {}
@@ -333,8 +334,9 @@ def measure(recorded: dict, *, search_seeds: int, concurrency: int, grace_period
             if kinds is None:
                 answers = replay_grid(curves, final_means, search_seed=seed, concurrency=concurrency)
             else:
-                answers = replay_search(curves, final_means, sampler=kinds[0], scheduler=kinds[1], search_seed=seed,
-                                        concurrency=concurrency, budget=budget, grace_period=grace_period)
+                answers = replay_search(curves, final_means, sampler=kinds[0], early_stopping=kinds[1],
+                                        search_seed=seed, concurrency=concurrency, budget=budget,
+                                        grace_period=grace_period)
             runs.append(answers)
         reached = [a.first_within(TOLERANCE) for a in runs]
         per_method[name] = {
@@ -368,7 +370,7 @@ def main(argv=None) -> int:
     parser.add_argument("--replay-only", action="store_true", help="use the cache as it is; record nothing")
     parser.add_argument("--search-seeds", type=int, default=9)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--grace-period", type=int, default=SPACE["scheduler"]["grace_period"],
+    parser.add_argument("--grace-period", type=int, default=SPACE["early_stopping"]["grace_period"],
                         help="ASHA's and the geometry stopper's first rung (epochs)")
     args = parser.parse_args(argv)
     recorded = json.loads(args.cache.read_text()) if args.replay_only else record(args.cache)

@@ -66,7 +66,7 @@ def overhead_space(args) -> dict:
         "seed": 0,
         "num_samples": args.trials,
         "sampler": "random",
-        "scheduler": "none",
+        "early_stopping": "none",
         "fixed": {"preset": "vit_tiny_digits", "dim": args.dim, "depth": args.depth, "batch_size": 64,
                   "warmup_epochs": 1},
         "parameters": {"lr": {"type": "log_float", "low": 1e-3, "high": 1e-2},

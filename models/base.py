@@ -34,13 +34,13 @@ class MixerModel(nn.Module):
     mixer_kinds: list[str]
 
     def _build_blocks(self, config, *, causal: bool, seq_len: int, proj_bias: bool, rope,
-                      drop_path_schedule: str = "linear", block_style: str = "gpt2", num_kv_heads: int | None = None,
+                      drop_path_by_depth: str = "linear", block_style: str = "gpt2", num_kv_heads: int | None = None,
                       **block_options) -> None:
         """One Block per layer around the mixer its kind names, told what the layer is (its Laplacian head count,
         causality, sequence length, block style). Stochastic depth: ``config.drop_path`` in every layer
         (``"uniform"``, DeiT III's models_v2.py), or rising linearly from 0 in the first layer to it in the last
         (``"linear"``, DeiT I and timm)."""
-        drop_rates = drop_path_rates(config.drop_path, config.depth, drop_path_schedule)
+        drop_rates = drop_path_rates(config.drop_path, config.depth, drop_path_by_depth)
         self.mixer_kinds = config.mixer_kinds
         self.blocks = nn.ModuleList()
         for layer, kind in enumerate(config.mixer_kinds):
@@ -138,9 +138,9 @@ class MixerModel(nn.Module):
         return [g for g in groups if g["params"]]
 
 
-def drop_path_rates(rate: float, depth: int, schedule: str) -> list[float]:
+def drop_path_rates(rate: float, depth: int, by_depth: str) -> list[float]:
     """Stochastic-depth rate of each of ``depth`` layers: ``rate`` everywhere (uniform) or 0 -> ``rate`` (linear)."""
-    if schedule == "uniform":
+    if by_depth == "uniform":
         return [rate] * depth
     return [rate * layer / max(depth - 1, 1) for layer in range(depth)]
 

@@ -13,6 +13,7 @@ from models.config import TransformerConfig, config_from_flat
 from models.encdec import EncDecConfig, EncoderDecoder
 from models.errors import ConfigError
 from models.gpt import GPT, GPTConfig
+from models.keys import renamed_key_problem
 from models.mixers import mixer_keys
 from models.presets import DEFAULT_PRESET, PRESETS
 from models.vit import ViT, ViTConfig
@@ -48,6 +49,8 @@ def resolve_config(config: Mapping) -> dict:
     resolved = {**PRESETS[preset], **config, "model": family, "preset": preset}
     allowed = family_keys(family) | {"model", "preset"} | mixer_keys()
     for key in resolved:
+        if renamed_key_problem(key):
+            raise ConfigError(key, renamed_key_problem(key))
         if key not in allowed:
             owners = [name for name in FAMILIES if key in family_keys(name)]
             hint = f" (it belongs to model {' or '.join(map(repr, owners))})" if owners else ""

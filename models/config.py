@@ -19,8 +19,8 @@ class TransformerConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = False
     drop_path: float = 0.0
-    # Laplacian-head schedule (models/schedule.py): which keys apply depends on `schedule`.
-    schedule: str = "uniform"
+    # Laplacian-head schedule (models/schedule.py): which keys apply depends on `laplacian_schedule`.
+    laplacian_schedule: str = "uniform"
     k: int | None = None
     start_layer: int | None = None
     increment: int | None = None
@@ -64,7 +64,7 @@ class TransformerConfig:
         return [("mixer", self.mixer_kinds, self.laplacian_counts)]
 
     def schedule_spec(self) -> dict:
-        names = ("schedule", "k", "start_layer", "increment", "max_count", "k_per_layer")
+        names = ("laplacian_schedule", "k", "start_layer", "increment", "max_count", "k_per_layer")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def _resolve_mixers(self) -> list[str]:

@@ -89,9 +89,9 @@ class EncDecConfig(TransformerConfig):
         """Encoder self-attention counts; the decoder's (self and cross) go to `laplacian_counts_decoder`. A stack
         outside `laplacian_sites` gets zeros, and its depth is not checked against an explicit schedule."""
         spec, heads = self.schedule_spec(), self.num_heads
-        if not self.sites and set(spec) - {"schedule"}:
+        if not self.sites and set(spec) - {"laplacian_schedule"}:
             raise ConfigError("laplacian_sites", f"is 'none' but the Laplacian-head schedule sets "
-                                                 f"{', '.join(sorted(set(spec) - {'schedule'}))}")
+                                                 f"{', '.join(sorted(set(spec) - {'laplacian_schedule'}))}")
         self.laplacian_counts_decoder = (laplacian_schedule(spec, self.decoder_depth, heads)
                                          if self.sites & {"decoder", "cross"} else [0] * self.decoder_depth)
         return laplacian_schedule(spec, self.depth, heads) if "encoder" in self.sites else [0] * self.depth

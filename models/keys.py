@@ -24,9 +24,10 @@ MODEL_KEY_DOCS: dict[str, KeyDoc] = {
     "mlp_ratio": KeyDoc("float", "4.0", "MLP hidden width / `dim`"),
     "qkv_bias": KeyDoc("bool", "ViT and encdec true, GPT false", "bias on the q, k, v projections"),
     "drop_path": KeyDoc("float in [0, 1)", "0.0",
-                 "stochastic depth rate of each residual branch: in every block (ViT, `drop_path_schedule: "
+                 "stochastic depth rate of each residual branch: in every block (ViT, `drop_path_by_depth: "
                  "uniform`), or at the last block, rising linearly from 0 in the first (GPT; ViT with `linear`)"),
-    "schedule": KeyDoc("`uniform` | `ramp` | `explicit`", "`uniform`", "how many Laplacian heads each layer has"),
+    "laplacian_schedule": KeyDoc("`uniform` | `ramp` | `explicit`", "`uniform`",
+                                 "how many Laplacian heads each layer has"),
     "k": KeyDoc("int in 0..num_heads", "0", "Laplacian heads per layer (`uniform`)"),
     "start_layer": KeyDoc("int >= 0", "-", "first layer (0-based) with Laplacian heads (`ramp`)"),
     "increment": KeyDoc("int >= 1", "-", "heads added per layer (`ramp`)"),
@@ -40,7 +41,7 @@ MODEL_KEY_DOCS: dict[str, KeyDoc] = {
     "layer_scale_init": KeyDoc("float >= 0", "1e-4",
                  "LayerScale initial value on both branches of every block (DeiT III's, every size; 0 turns "
                  "LayerScale off)"),
-    "drop_path_schedule": KeyDoc("`uniform` | `linear`", "`uniform`",
+    "drop_path_by_depth": KeyDoc("`uniform` | `linear`", "`uniform`",
                  "stochastic depth per block: `drop_path` in every block (DeiT III, models_v2.py), or the linear 0"
                  " -> `drop_path` ramp of DeiT I and timm"),
     "class_pos_embed": KeyDoc("bool", "false",
@@ -122,3 +123,20 @@ MIXER_KEY_DOCS: dict[str, KeyDoc] = {
                              "alpha_k, skipped where alpha_k < 0.01); `hard`, 1[alpha > 0.5] "
                              "([stlt.md](stlt.md#node-gating))"),
 }
+
+# Keys renamed so that a search space's "schedule" words cannot be confused (the Laplacian heads per layer, the early
+# stopping of trials, the learning rate's decay, stochastic depth over the blocks): old name -> (new name, what it
+# is). The old name is refused with the new one, never translated, so a config read anywhere means one thing.
+RENAMED_MODEL_KEYS: dict[str, tuple[str, str]] = {
+    "schedule": ("laplacian_schedule", "the Laplacian heads per layer"),
+    "drop_path_schedule": ("drop_path_by_depth", "the stochastic-depth rate over the blocks"),
+}
+
+
+def renamed_key_problem(key: str) -> str | None:
+    """What is wrong with `key` when it is a renamed model key (one line naming the new key and its values); None
+    for any other key."""
+    if key not in RENAMED_MODEL_KEYS:
+        return None
+    new, what = RENAMED_MODEL_KEYS[key]
+    return f"renamed {new} ({what}: {MODEL_KEY_DOCS[new].type.replace('`', '')})"

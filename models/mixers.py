@@ -76,7 +76,7 @@ def check_laplacian_heads(key: str, kinds: list[str], counts: list[int]) -> None
     for layer, (kind, count) in enumerate(zip(kinds, counts)):
         if count and not MIXERS[kind].has_heads:
             raise ConfigError(key, f"layer {layer} is {kind!r} (no heads) but the Laplacian-head schedule gives it "
-                                   f"{count}; {kind} layers must get 0 (schedule: explicit)")
+                                   f"{count}; {kind} layers must get 0 (laplacian_schedule: explicit)")
 
 
 def mixer_keys() -> frozenset[str]:

@@ -1,6 +1,6 @@
 """How many Laplacian heads each layer gets.
 
-A schedule is described with the flat-config keys (see docs/config.md):
+A schedule is described with the flat-config keys (see docs/config.md), ``laplacian_schedule`` naming its kind:
 
 - ``uniform``: ``k`` heads in every layer;
 - ``ramp``: ``k_l = 0`` for ``l < start_layer``, else ``min(max_count, increment * (l - start_layer + 1))``.
@@ -21,27 +21,28 @@ SCHEDULE_KEYS = {
     "ramp": ("start_layer", "increment", "max_count"),
     "explicit": ("k_per_layer",),
 }
-ALL_SCHEDULE_KEYS = frozenset({"schedule", *(key for keys in SCHEDULE_KEYS.values() for key in keys)})
+ALL_SCHEDULE_KEYS = frozenset({"laplacian_schedule", *(key for keys in SCHEDULE_KEYS.values() for key in keys)})
 
 
 def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num_heads: int) -> list[int]:
     """Resolve a schedule to the per-layer Laplacian head counts, validating every value.
 
-    `spec` is a mapping of schedule keys (``{"schedule": "ramp", "start_layer": 4, ...}``), an int (uniform k)
+    `spec` is a mapping of schedule keys (``{"laplacian_schedule": "ramp", "start_layer": 4, ...}``), an int (uniform k)
     or a list (explicit counts).
     """
     if isinstance(spec, bool):
         check_int("k", spec, low=0, high=num_heads)
     if isinstance(spec, int):
-        spec = {"schedule": "uniform", "k": spec}
+        spec = {"laplacian_schedule": "uniform", "k": spec}
     elif isinstance(spec, Sequence) and not isinstance(spec, str):
-        spec = {"schedule": "explicit", "k_per_layer": list(spec)}
-    kind = spec.get("schedule", "uniform")
+        spec = {"laplacian_schedule": "explicit", "k_per_layer": list(spec)}
+    kind = spec.get("laplacian_schedule", "uniform")
     if kind not in SCHEDULE_KINDS:
-        raise ConfigError("schedule", f"must be one of {', '.join(SCHEDULE_KINDS)}; got {kind!r}")
-    for key in ALL_SCHEDULE_KEYS - {"schedule", *SCHEDULE_KEYS[kind]}:
+        raise ConfigError("laplacian_schedule", f"must be one of {', '.join(SCHEDULE_KINDS)}; got {kind!r}")
+    for key in ALL_SCHEDULE_KEYS - {"laplacian_schedule", *SCHEDULE_KEYS[kind]}:
         if key in spec:
-            raise ConfigError(key, f"is not used by schedule {kind!r} (it takes {', '.join(SCHEDULE_KEYS[kind])})")
+            raise ConfigError(key, f"is not used by laplacian_schedule {kind!r} "
+                                   f"(it takes {', '.join(SCHEDULE_KEYS[kind])})")
 
     if kind == "uniform":
         k = _checked_int(spec.get("k", 0), "k", low=0, high=num_heads)

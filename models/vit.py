@@ -31,7 +31,7 @@ class ViTConfig(TransformerConfig):
     pool: str = "cls"
     layer_scale_init: float = 1e-4
     norm_eps: float = 1e-6  # every LayerNorm (DeiT III); PyTorch's default is 1e-5
-    drop_path_schedule: str = "uniform"  # "uniform": drop_path in every block (DeiT III); "linear": 0 -> drop_path
+    drop_path_by_depth: str = "uniform"  # "uniform": drop_path in every block (DeiT III); "linear": 0 -> drop_path
     # A learned position embedding for the class token too, stored as DINO's and timm's ViT store it: one pos_embed
     # over 1 + P tokens, the class token's first (one tensor to DINO's per-parameter gradient clipping, as there).
     # DeiT III adds position embeddings to the patches only.
@@ -47,7 +47,7 @@ class ViTConfig(TransformerConfig):
         check_choice("pool", self.pool, ("cls", "mean"))
         check_number("layer_scale_init", self.layer_scale_init, low=0.0)
         check_number("norm_eps", self.norm_eps, low=0.0, low_open=True)
-        check_choice("drop_path_schedule", self.drop_path_schedule, ("uniform", "linear"))
+        check_choice("drop_path_by_depth", self.drop_path_by_depth, ("uniform", "linear"))
         check_bool("class_pos_embed", self.class_pos_embed)
         super().__post_init__()
 
@@ -64,7 +64,7 @@ class ViT(MixerModel):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, int(c.class_pos_embed) + c.num_patches, c.dim))
         self._build_blocks(c, causal=False, seq_len=c.num_patches + 1, proj_bias=True, rope=None,
-                           drop_path_schedule=c.drop_path_schedule, layer_scale_init=c.layer_scale_init,
+                           drop_path_by_depth=c.drop_path_by_depth, layer_scale_init=c.layer_scale_init,
                            norm_eps=c.norm_eps)
         self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.head = nn.Linear(c.dim, c.num_classes)

@@ -28,7 +28,7 @@ def schema_sections() -> dict[str, list[tuple[str, type[BaseModel]]]]:
     from study.data.config import SOURCE_CONFIGS, ChatPart
     from study.evals.spec import EvaluationSpec
     from study.runspec import Resources, RunSpec, StageSpec, TrainConfig
-    from study.space import Sampler, Scheduler, SearchSpace
+    from study.space import EarlyStopping, Sampler, SearchSpace
     from study.space_parameters import Categorical, ConditionalGroup, FloatRange, IntRange
     from study.tasks import TASKS, GeometrySpec
 
@@ -40,8 +40,9 @@ def schema_sections() -> dict[str, list[tuple[str, type[BaseModel]]]]:
         "task-options": [(f"task `{name}`", task.options) for name, task in TASKS.items() if task.options is not None],
         "space": [("Search space file", SearchSpace), ("`type: categorical` parameter, or a plain list", Categorical),
                   ("`type: int` parameter", IntRange), ("`type: float` / `log_float` parameter", FloatRange),
-                  ("`conditional:` group", ConditionalGroup), ("`sampler:`", Sampler), ("`scheduler:`", Scheduler),
-                  ("`geometry:`", GeometrySpec), ("`stages:` entry", StageSpec), ("`evaluate:` entry", EvaluationSpec)],
+                  ("`conditional:` group", ConditionalGroup), ("`sampler:`", Sampler),
+                  ("`early_stopping:`", EarlyStopping), ("`geometry:`", GeometrySpec), ("`stages:` entry", StageSpec),
+                  ("`evaluate:` entry", EvaluationSpec)],
         "run": [("Run config file of `lapstudy train`", RunSpec), ("`resources:`", Resources)],
         "dataset": [(f"`source: {source_name(config)}`", config) for config in SOURCE_CONFIGS]
         + [("chat part: a `train:` / `val:` entry of `source: chat`", ChatPart)],

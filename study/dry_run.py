@@ -58,7 +58,7 @@ def describe_study(space: SearchSpace, name: str, options: RunOptions) -> str:
     seeds = space.replicate_seeds(space.seed if options.seed is None else options.seed)
     resources = options.resources
     lines = [f"study {name}: task {space.task}, {num_samples} configuration(s) x {len(seeds)} seed(s) {seeds}, "
-             f"scheduler {space.scheduler.kind}, {space.total_epochs} epochs in all",
+             f"early stopping {space.early_stopping.kind}, {space.total_epochs} epochs in all",
              f"each trial: {resources.workers} worker(s), {resources.cpus_per_worker:g} CPU and "
              f"{resources.gpus_per_worker:g} GPU each",
              f"{len(points)} {what}:"]

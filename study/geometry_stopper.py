@@ -1,4 +1,4 @@
-"""`scheduler: geometry`: ASHA that judges a trial at each rung by a prediction of its final objective.
+"""`early_stopping: geometry`: ASHA that judges a trial at each rung by a prediction of its final objective.
 
 Ray Tune's ASHA (AsyncHyperBandScheduler) keeps, at each rung, the value every trial had when it reached it, and
 stops a trial whose value is below the rung's 1 - 1/reduction_factor quantile. This scheduler is that scheduler,
@@ -113,9 +113,9 @@ DEFAULT_MIN_FINISHED = 5
 
 
 def geometry_stopper(space) -> GeometryStopper:
-    """The stopper of a space whose `scheduler.kind` is geometry (study/space.py), on ASHA's settings of
+    """The stopper of a space whose `early_stopping.kind` is geometry (study/space.py), on ASHA's settings of
     study/search.py's make_scheduler."""
-    settings = space.scheduler
+    settings = space.early_stopping
     return GeometryStopper(
         time_attr="epoch", metric=space.metrics[0], mode=space.modes[0], max_t=space.total_epochs,
         grace_period=settings.grace_period, reduction_factor=settings.reduction_factor,

@@ -203,7 +203,7 @@ def parameter_panels(groups: list[Configuration], parameters: list[str], quantit
 def _figures(report: Report, space: SearchSpace, groups: list[Configuration], completed: list[TrialRecord],
              rows: dict[str, list[dict]], folder: StudyFolder, out: Path) -> None:
     parameters = interactive.with_values(searched(space), [g.sampled for g in groups])
-    grouping = next((p for p in ("schedule", "mixer") if p in parameters), None)
+    grouping = next((p for p in ("laplacian_schedule", "mixer") if p in parameters), None)
 
     def add(title, caption, draw, file=""):
         """A PNG drawn into `file`, or (no file) a plotly figure from `draw()`."""

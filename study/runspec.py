@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 import models
+from models.keys import renamed_key_problem
 from models.stlt import stlt_config
 from study.data import DatasetConfig
 from study.errors import UserError, validate
@@ -311,6 +312,8 @@ def task_options(hyperparameters: dict, task: str, where: str = "hyperparameters
 
 def check_hyperparameter_names(names, where: str) -> None:
     for name in names:
+        if renamed_key_problem(name):
+            raise UserError(f"{where}.{name}: {renamed_key_problem(name)}", field=name)
         if name not in HYPERPARAMETER_KEYS:
             tasks = f"; task keys {', '.join(sorted(OPTION_KEYS))}" if OPTION_KEYS else ""
             raise UserError(

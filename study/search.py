@@ -264,15 +264,16 @@ def make_searcher(space: SearchSpace, seed: int, folder: Path) -> ReplicatedSear
 
 
 def make_scheduler(space: SearchSpace):
-    if space.scheduler.kind == "none":
+    """Tune's trial scheduler (what Tune calls the object that stops trials) for the space's `early_stopping:`."""
+    if space.early_stopping.kind == "none":
         return FIFOScheduler()
-    if space.scheduler.kind == "geometry":
+    if space.early_stopping.kind == "geometry":
         return geometry_stopper(space)
     return ASHAScheduler(
         time_attr="epoch",  # reported explicitly: training_iteration restarts when a trial is restored
         metric=space.metrics[0],
         mode=space.modes[0],
         max_t=space.total_epochs,  # the trial runs its later stages too: ASHA must not stop it at their start
-        grace_period=space.scheduler.grace_period,
-        reduction_factor=space.scheduler.reduction_factor,
+        grace_period=space.early_stopping.grace_period,
+        reduction_factor=space.early_stopping.reduction_factor,
     )

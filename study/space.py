@@ -1,6 +1,6 @@
 """Search spaces: the YAML schema (pydantic), its checks, and how a trial's sampled values become a `RunSpec`.
 
-A space names the task and data, the metric(s) and mode(s), the sampler and scheduler, fixed hyperparameters,
+A space names the task and data, the metric(s) and mode(s), the sampler and early stopping, fixed hyperparameters,
 searched parameters (categorical, int, float, log-float) and conditional groups whose parameters exist only when an
 earlier parameter takes certain values (sampled define-by-run with Optuna). See docs/study.md for the format.
 The parameter types and conditional groups are in study/space_parameters.py; the checks that build the configs of
@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from models.keys import renamed_key_problem
 from study.data import DatasetConfig
 from study.errors import UserError, validate
 from study.evals.spec import Evaluations, check_evaluation
@@ -52,7 +53,10 @@ class Sampler(StrictModel):
     population_size: int | None = Field(None, ge=2, description="nsga2: population size")
 
 
-class Scheduler(StrictModel):
+class EarlyStopping(StrictModel):
+    """Which trials stop before their last epoch (Tune's ASHA, study/search.py's make_scheduler): not the learning
+    rate's decay (`lr_decay`) nor the Laplacian heads per layer (`laplacian_schedule`)."""
+
     kind: Literal["asha", "geometry", "none"] = "asha"
     grace_period: int = Field(1, ge=1, description="asha, geometry: epochs every trial runs before it can be stopped")
     reduction_factor: float = Field(2.0, gt=1, description="asha, geometry: keep the top 1/reduction_factor at each "
@@ -88,7 +92,7 @@ class SearchSpace(StrictModel):
     baseline: dict[str, Scalar] | None = Field(None, description="the configuration the others are compared with, "
                                                "paired by seed: a value for each of its searched parameters")
     sampler: Sampler = Field(Sampler(), description="Optuna sampler")
-    scheduler: Scheduler = Field(Scheduler(), description="early stopping of trials (ASHA) or none")
+    early_stopping: EarlyStopping = Field(EarlyStopping(), description="early stopping of trials (ASHA) or none")
     geometry: GeometrySpec = Field(GeometrySpec(), description="token-geometry settings")
     fixed: dict[str, Any] = Field(default_factory=dict, description="flat-config values every trial uses")
     parameters: dict[str, Parameter] = Field(
@@ -110,16 +114,25 @@ class SearchSpace(StrictModel):
     def _shorthand(cls, value):
         return shorthand_parameters(value)
 
-    @field_validator("sampler", "scheduler", mode="before")
+    @field_validator("sampler", "early_stopping", mode="before")
     @classmethod
     def _kind_shorthand(cls, value):
-        """`sampler: tpe` is short for `sampler: {kind: tpe}` (and so for the scheduler)."""
+        """`sampler: tpe` is short for `sampler: {kind: tpe}` (and so for early_stopping)."""
         return {"kind": value} if isinstance(value, str) else value
 
     @field_validator("task")
     @classmethod
     def _task(cls, name):
         return registered_task(name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed(cls, data):
+        # Renamed so that a reader cannot take it for the Laplacian heads' `laplacian_schedule` or the learning
+        # rate's `lr_decay`; refused, not translated, as the renamed model keys are (models/keys.py).
+        if isinstance(data, dict) and "scheduler" in data:
+            raise ValueError("scheduler: renamed early_stopping (stopping trials early: kind asha | geometry | none)")
+        return data
 
     @model_validator(mode="after")
     def _check(self):
@@ -151,11 +164,11 @@ class SearchSpace(StrictModel):
                 raise ValueError(f"seeds: {len(self.seeds)} seeds but replicates: {self.replicates}; give one of them")
             if len(set(self.seeds)) != len(self.seeds):
                 raise ValueError(f"seeds: each seed once, got {self.seeds}")
-        if len(self.seeds or range(self.replicates)) > 1 and self.scheduler.kind != "none":
+        if len(self.seeds or range(self.replicates)) > 1 and self.early_stopping.kind != "none":
             # ASHA judges every trial on its own: it would stop a configuration's unlucky seeds and keep its lucky
             # ones, and the mean over the survivors would flatter it.
-            raise ValueError(f"scheduler: {self.scheduler.kind} judges each seed's trial alone, which biases a "
-                             "configuration's mean over its replicates; with replicates use scheduler: none")
+            raise ValueError(f"early_stopping: {self.early_stopping.kind} judges each seed's trial alone, which biases "
+                             "a configuration's mean over its replicates; with replicates use early_stopping: none")
         if self.baseline is not None:
             self._check_point(self.baseline, "baseline")
             missing = [name for name in self._walk_with(self.baseline)[1] if name not in self.baseline]
@@ -225,9 +238,9 @@ class SearchSpace(StrictModel):
         final = self.final_metric_prefixes()
         for name in self.metrics:
             benchmark = name.startswith(final) if final else False
-            if benchmark and self.scheduler.kind != "none":
+            if benchmark and self.early_stopping.kind != "none":
                 raise ValueError(f"metric: {name!r} is reported at the trial's end only, after ASHA would judge it: "
-                                 "use scheduler: none")
+                                 "use early_stopping: none")
             if name not in allowed and not benchmark:
                 final_names = ", ".join(f"{p}<metric>" for p in final)
                 raise ValueError(f"metric: {name!r} is not reported every epoch for {self.task}; allowed: "
@@ -237,21 +250,21 @@ class SearchSpace(StrictModel):
             raise ValueError(f"metric: each metric once, got {self.metrics}")
         if isinstance(self.metric, list) != isinstance(self.mode, list) or len(self.metrics) != len(self.modes):
             raise ValueError(f"mode: one mode (min or max) per metric, got metric {self.metric} and mode {self.mode}")
-        if self.multi_objective and self.scheduler.kind != "none":
-            raise ValueError(f"scheduler: {self.scheduler.kind} stops trials on one metric; with several metrics use "
-                             "scheduler: none")
+        if self.multi_objective and self.early_stopping.kind != "none":
+            raise ValueError(f"early_stopping: {self.early_stopping.kind} stops trials on one metric; with several "
+                             "metrics use early_stopping: none")
         check_stages(self.stages)
         check_evaluation(self.task, self.evaluate, "evaluate")
-        if self.scheduler.stops_trials and "/" in self.metrics[0]:
-            raise ValueError(f"scheduler: {self.scheduler.kind} judges trials during their first stage; "
-                             f"{self.metrics[0]} is reported by a later one: use scheduler: none")
+        if self.early_stopping.stops_trials and "/" in self.metrics[0]:
+            raise ValueError(f"early_stopping: {self.early_stopping.kind} judges trials during their first stage; "
+                             f"{self.metrics[0]} is reported by a later one: use early_stopping: none")
         for i, stage in enumerate(self.stages):
             check_data_kind(stage.task, stage.dataset or self.dataset, f"stages[{i}].dataset")
             check_hyperparameter_names(stage.hyperparameters, f"stages[{i}].hyperparameters")
         check_data_kind(self.task, self.dataset, "dataset")
-        if self.scheduler.stops_trials and self.scheduler.grace_period > self.epochs:
-            raise ValueError(f"scheduler.grace_period: must be <= epochs ({self.epochs}), "
-                             f"got {self.scheduler.grace_period}")
+        if self.early_stopping.stops_trials and self.early_stopping.grace_period > self.epochs:
+            raise ValueError(f"early_stopping.grace_period: must be <= epochs ({self.epochs}), "
+                             f"got {self.early_stopping.grace_period}")
 
     # ---- names and conditions -----------------------------------------------------------------------------------
 
@@ -288,6 +301,7 @@ class SearchSpace(StrictModel):
         known.update({name: p.corners() if isinstance(p, Categorical) else None for name, p in self.parameters.items()})
         for i, group in enumerate(self.conditional):
             for name, allowed in group.when.items():
+                _refuse_renamed_key(name, f"conditional[{i}].when")
                 if name not in known:
                     raise ValueError(
                         f"conditional[{i}].when.{name}: not a parameter or fixed value defined before this group; "
@@ -323,6 +337,7 @@ class SearchSpace(StrictModel):
     def _check_point(self, point: dict, where: str):
         active = self._walk_with(point)[1]
         for name, value in point.items():
+            _refuse_renamed_key(name, where)
             if name not in active:
                 raise ValueError(
                     f"{where}.{name}: not a parameter that is sampled for this point; "
@@ -385,9 +400,9 @@ class SearchSpace(StrictModel):
     def judged_epochs(self) -> tuple[int, ...]:
         """The epochs at which ASHA judges a trial (its rungs: grace_period * reduction_factor^k up to epochs, the
         first epoch at or after each); none without ASHA."""
-        if not self.scheduler.stops_trials:
+        if not self.early_stopping.stops_trials:
             return ()
-        grace, factor = self.scheduler.grace_period, self.scheduler.reduction_factor
+        grace, factor = self.early_stopping.grace_period, self.early_stopping.reduction_factor
         rungs = int(math.log(self.epochs / grace) / math.log(factor) + 1)  # as Ray's ASHA bracket counts them
         return tuple(sorted({math.ceil(grace * factor ** k) for k in range(rungs)} - {self.epochs}))
 
@@ -430,6 +445,12 @@ class SearchSpace(StrictModel):
                 continue
             planned.append((name, stage.model_copy(update={"hyperparameters": complete})))
         return planned
+
+
+def _refuse_renamed_key(name: str, where: str) -> None:
+    """A renamed model key where a space names a hyperparameter outside its definitions (a condition, a point)."""
+    if renamed_key_problem(name):
+        raise ValueError(f"{where}.{name}: {renamed_key_problem(name)}")
 
 
 def parse_space(data: Any, where: str = "search space") -> SearchSpace:

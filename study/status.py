@@ -15,7 +15,7 @@ class TrialStatus(str, Enum):
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"  # ran every epoch
-    EARLY_STOPPED = "early_stopped"  # stopped by the scheduler (ASHA) before the last epoch
+    EARLY_STOPPED = "early_stopped"  # stopped by the space's early_stopping (ASHA) before the last epoch
     FAILED = "failed"  # an error, or a loss that stopped being finite
 
     def __str__(self) -> str:
@@ -39,7 +39,7 @@ class TrialStatus(str, Enum):
 
 def configuration_status(statuses) -> TrialStatus:
     """The status of a configuration from its replicates': failed when one failed, running until all have finished,
-    stopped early when the scheduler stopped one, completed only when every one ran every epoch. Its value is the
+    stopped early when early stopping stopped one, completed only when every one ran every epoch. Its value is the
     replicates' mean only when completed: a mean over runs of different lengths would say nothing."""
     statuses = set(statuses)
     if TrialStatus.FAILED in statuses:

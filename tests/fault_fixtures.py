@@ -29,7 +29,7 @@ LAPSTUDY = Path(sys.executable).with_name("lapstudy")
 
 def tiny_space(**changes) -> dict:
     """A study of a small ViT on digits (ships offline) that a 2-CPU machine trains in a few seconds per trial.
-    Trials are fixed by `points_to_evaluate` and the FIFO scheduler, so the fault tests know what each one does."""
+    Trials are fixed by `points_to_evaluate` and no early stopping, so the fault tests know what each one does."""
     space = {
         "name": "fault",
         "task": "classification",
@@ -40,7 +40,7 @@ def tiny_space(**changes) -> dict:
         "seed": 0,
         "num_samples": 2,
         "sampler": {"kind": "tpe", "n_startup_trials": 1},
-        "scheduler": "none",
+        "early_stopping": "none",
         "geometry": {"max_batches": 1, "pca_points": 100},
         "fixed": {"preset": "vit_tiny_digits", "depth": 2, "batch_size": 64, "warmup_epochs": 0},
         "parameters": {

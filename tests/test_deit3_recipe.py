@@ -67,7 +67,7 @@ def test_every_block_drops_its_branches_at_the_drop_path_rate(preset):
 
 def test_linear_drop_path_stays_an_option_and_the_gpt_keeps_it():
     # DeiT I / timm's ramp (timm layers/drop.py:219 `torch.linspace(0, drop_path_rate, depth)`).
-    vit = build_model({"preset": "vit_tiny", "drop_path": 0.2, "drop_path_schedule": "linear"}, device="meta")
+    vit = build_model({"preset": "vit_tiny", "drop_path": 0.2, "drop_path_by_depth": "linear"}, device="meta")
     ramp = [0.2 * layer / 5 for layer in range(6)]
     assert [block.drop_path1.p for block in vit.blocks] == pytest.approx(ramp)
     gpt = build_model({"preset": "gpt_tiny", "drop_path": 0.3}, device="meta")
@@ -124,7 +124,7 @@ def test_paper_presets_are_the_deit3_models(preset, dim, depth, heads, patch):
     config = models.build_config({"preset": preset})
     assert (config.dim, config.depth, config.num_heads, config.patch_size) == (dim, depth, heads, patch)
     assert config.mlp_ratio == 4 and config.qkv_bias is True  # models_v2.py:283, :324: mlp_ratio=4, qkv_bias=True
-    assert config.drop_path_schedule == "uniform" and config.norm_eps == 1e-6 and config.pool == "cls"
+    assert config.drop_path_by_depth == "uniform" and config.norm_eps == 1e-6 and config.pool == "cls"
 
 
 @pytest.mark.parametrize("preset, pixels", [("vit_b16", 224), ("vit_b4_32", 32), ("vit_s16", 224)])
@@ -360,7 +360,7 @@ def recipe(paper: dict) -> dict[str, tuple[object, str]]:
         "epochs": (paper["epochs"], "paper") if "epochs" in paper else (COMMAND["epochs"], "command"),
         "seed": (COMMAND["seed"], "command"),
         "fixed.preset": (paper["preset"], "paper"),
-        "fixed.schedule": ("uniform", "paper"),  # k Laplacian heads in every layer
+        "fixed.laplacian_schedule": ("uniform", "paper"),  # k Laplacian heads in every layer
         "fixed.drop_path": (paper["drop_path"], "paper"),
         "fixed.optimizer": ({"fusedlamb": "lamb"}[COMMAND["opt"]], "command"),
         "fixed.lr": (paper["lr"], "paper"),  # for the global batch: --unscale-lr
@@ -381,7 +381,7 @@ SPACE_RECIPES = {
     "vit_imagenet_k.yaml": {**recipe(PAPER["imagenet"]), "dataset.image_size": (PAPER["imagenet"]["image_size"],
                                                                                 "paper")},
 }
-STUDY_KEYS = {"name", "description", "task", "metric", "mode", "sampler", "scheduler", "geometry"}  # not training
+STUDY_KEYS = {"name", "description", "task", "metric", "mode", "sampler", "early_stopping", "geometry"}  # not training
 
 
 def _training_values(space: dict) -> dict[str, object]:

@@ -73,7 +73,7 @@ def test_the_backbone_is_dinos_vit_small():
     no LayerScale, a position embedding for the class token as for every patch, stochastic depth rising linearly
     from 0 to drop_path_rate (dpr = linspace); 21.7M parameters without a classifier head (DINO's table: 21M)."""
     config = {**{k: v for k, v in SPACE.fixed.items() if not k.startswith("dino_")}, "k": 0}
-    vit = build_model({key: config[key] for key in ("preset", "layer_scale_init", "drop_path", "drop_path_schedule",
+    vit = build_model({key: config[key] for key in ("preset", "layer_scale_init", "drop_path", "drop_path_by_depth",
                                                     "class_pos_embed", "k")}, device="meta")
     c = vit.config
     assert (c.patch_size, c.dim, c.depth, c.num_heads, c.mlp_ratio, c.qkv_bias) == (16, 384, 12, 6, 4.0, True)
@@ -118,7 +118,7 @@ def test_the_grid_keeps_fewer_laplacian_heads_than_vit_small_has():
 def _student(depth=2, out_dim=300):
     """The space's student (ViT-S/16 backbone and DINO head), `depth` blocks, in float64 with every parameter moved
     off its initial value (zero biases, unit norms and g = 1 would hide a misplaced one)."""
-    keys = ("preset", "layer_scale_init", "drop_path", "drop_path_schedule", "class_pos_embed")
+    keys = ("preset", "layer_scale_init", "drop_path", "drop_path_by_depth", "class_pos_embed")
     config = {**{key: SPACE.fixed[key] for key in keys}, "depth": depth, "k": 0}
     torch.manual_seed(0)
     model = DINO.build_model(resolve({**config, "dino_out_dim": out_dim}, "dino", {}, epochs=1), None).double()

@@ -19,7 +19,8 @@ V = 13
 KINDS = {
     "attention": dict(mixer="attention", decoder_mixer="attention", k=1),
     "stlt": dict(mixer="stlt", decoder_mixer="stlt", k=1, laplacian_sites="cross"),
-    "mixed": dict(mixer="attention,stlt", decoder_mixer="attention,stlt", schedule="explicit", k_per_layer=[1, 0]),
+    "mixed": dict(mixer="attention,stlt", decoder_mixer="attention,stlt", laplacian_schedule="explicit",
+                  k_per_layer=[1, 0]),
 }
 
 

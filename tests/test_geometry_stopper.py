@@ -1,4 +1,4 @@
-"""`scheduler: geometry` (study/geometry_stopper.py), driven through Tune's scheduler API with synthetic reports,
+"""`early_stopping: geometry` (study/geometry_stopper.py), driven through Tune's scheduler API with synthetic reports,
 beside Tune's own ASHA fed the same reports: the same decisions until enough trials finished, then the ranking of the
 predicted final values, which must be ridge regression on standardised features, written out here in numpy."""
 
@@ -130,9 +130,9 @@ def test_a_pickled_stopper_decides_as_the_original(tmp_path):
     assert outcomes == [[TrialScheduler.CONTINUE]] * 3
 
 
-def space_with(scheduler):
+def space_with(early_stopping):
     return {"name": "s", "task": "classification", "dataset": {"source": "digits"}, "metric": "val_acc",
-            "mode": "max", "epochs": 10, "scheduler": scheduler, "fixed": {"preset": "vit_tiny_digits"},
+            "mode": "max", "epochs": 10, "early_stopping": early_stopping, "fixed": {"preset": "vit_tiny_digits"},
             "parameters": {"k": [0, 2]}}
 
 
@@ -145,16 +145,16 @@ def test_the_space_selects_it_with_asha_settings_and_measures_geometry_at_its_ru
     assert make_scheduler(parse_space(space_with("geometry"))).min_finished == 5
 
 
-@pytest.mark.parametrize("scheduler, message", [
+@pytest.mark.parametrize("early_stopping, message", [
     ({"kind": "geometry", "min_finished": 1}, "min_finished"),
     ({"kind": "asha", "min_finished": 3}, "min_finished: only for kind geometry"),
     ({"kind": "geometric"}, "'asha', 'geometry' or 'none'"),
 ])
-def test_bad_settings_name_the_field(scheduler, message):
+def test_bad_settings_name_the_field(early_stopping, message):
     with pytest.raises(UserError, match=message):
-        parse_space(space_with(scheduler))
+        parse_space(space_with(early_stopping))
 
 
 def test_replicates_are_refused_as_with_asha():
-    with pytest.raises(UserError, match="scheduler: geometry judges each seed's trial alone"):
+    with pytest.raises(UserError, match="early_stopping: geometry judges each seed's trial alone"):
         parse_space({**space_with("geometry"), "replicates": 3})

@@ -123,7 +123,7 @@ def test_pass_at_k_reads_the_first_k_samples_of_each_problem():
 def _tiny_chat_gpt() -> nn.Module:
     torch.manual_seed(0)
     return build_model({"preset": "gpt_tiny", "block_style": "nanochat", "vocab_size": TOKENIZER.vocab_size,
-                        "context_length": 256, "schedule": "ramp", "start_layer": 1, "increment": 1,
+                        "context_length": 256, "laplacian_schedule": "ramp", "start_layer": 1, "increment": 1,
                         "max_count": 2}).eval()
 
 

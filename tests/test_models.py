@@ -4,6 +4,7 @@ import torch
 import models
 from digits_training import train_on_digits
 from models import ConfigError, build_model, count_parameters
+from models.keys import RENAMED_MODEL_KEYS
 
 
 def n_params(config):
@@ -16,8 +17,8 @@ def test_parameter_count_is_identical_for_every_k_and_schedule(preset):
     depth = models.PRESETS[preset]["depth"]
     baseline = n_params({"preset": preset})
     variants = [{"k": k} for k in range(heads + 1)] + [
-        {"schedule": "ramp", "start_layer": 1, "increment": 1, "max_count": heads},
-        {"schedule": "explicit", "k_per_layer": [layer % (heads + 1) for layer in range(depth)]},
+        {"laplacian_schedule": "ramp", "start_layer": 1, "increment": 1, "max_count": heads},
+        {"laplacian_schedule": "explicit", "k_per_layer": [layer % (heads + 1) for layer in range(depth)]},
     ]
     for variant in variants:
         assert n_params({"preset": preset, **variant}) == baseline, variant
@@ -68,7 +69,7 @@ def test_gpt_is_causal_with_laplacian_heads():
     "config, field",
     [
         ({"model": "vit", "k": 5}, "k"),  # vit_tiny has 4 heads
-        ({"preset": "vit_b16", "schedule": "explicit", "k_per_layer": [1] * 13}, "k_per_layer"),
+        ({"preset": "vit_b16", "laplacian_schedule": "explicit", "k_per_layer": [1] * 13}, "k_per_layer"),
         ({"model": "vit", "patch_size": 5}, "patch_size"),
         ({"model": "vit", "num_heads": 5}, "num_heads"),
         ({"model": "vit", "drop_path": 1.0}, "drop_path"),
@@ -86,6 +87,19 @@ def test_bad_configs_name_the_field(config, field):
         build_model(config)
     assert info.value.field == field
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("config, new", [
+    ({"model": "vit", "schedule": "ramp", "start_layer": 0, "increment": 1, "max_count": 2}, "laplacian_schedule"),
+    ({"model": "gpt", "schedule": "uniform"}, "laplacian_schedule"),
+    ({"model": "vit", "drop_path_schedule": "linear"}, "drop_path_by_depth"),
+])
+def test_a_renamed_key_is_refused_naming_the_new_one(config, new):
+    old = next(key for key in config if key in RENAMED_MODEL_KEYS)
+    with pytest.raises(ConfigError) as info:
+        build_model(config, device="meta")
+    assert info.value.field == old and str(info.value).startswith(f"{old}: renamed {new} (")
+    build_model({**{k: v for k, v in config.items() if k != old}, new: config[old]}, device="meta")  # the new one works
 
 
 def test_preset_alone_picks_the_family_and_resolves():

@@ -51,7 +51,8 @@ def test_d20_preset_has_nanochats_shapes_and_parameter_count():
     s = nanochat_d20_shapes()
     expected = nanochat_param_count(**s)
     assert expected == 560_988_160  # the "561M" of the paper and of nanochat's d20 report
-    for variant in ({}, {"k": 3}, {"k": 10}, {"schedule": "ramp", "start_layer": 4, "increment": 1, "max_count": 5}):
+    ramp = {"laplacian_schedule": "ramp", "start_layer": 4, "increment": 1, "max_count": 5}
+    for variant in ({}, {"k": 3}, {"k": 10}, ramp):
         model = build_model({"preset": "gpt_d20", **variant}, device="meta")
         assert count_parameters(model) == expected, variant
     attn = model.blocks[0].mixer
@@ -223,12 +224,12 @@ def generate_by_recomputation(model, idx, steps, temperature, top_k, generator):
 DECODERS = {
     "gpt2": {"block_style": "gpt2"},
     # Causal STLT layers decode through their own init_state / decode_step (models/stlt/mixer.py).
-    "nanochat_stlt": {"block_style": "nanochat", "mixer": "stlt,attention,stlt", "schedule": "explicit",
+    "nanochat_stlt": {"block_style": "nanochat", "mixer": "stlt,attention,stlt", "laplacian_schedule": "explicit",
                       "k_per_layer": [0, 2, 0], "stlt_nodes": 4},
     "gpt2_laplacian": {"block_style": "gpt2", "k": 2},
     "nanochat": {"block_style": "nanochat"},
     "nanochat_laplacian": {"block_style": "nanochat", "k": 2},
-    "nanochat_gqa_ramp": {"block_style": "nanochat", "num_kv_heads": 2, "schedule": "ramp", "start_layer": 1,
+    "nanochat_gqa_ramp": {"block_style": "nanochat", "num_kv_heads": 2, "laplacian_schedule": "ramp", "start_layer": 1,
                           "increment": 2, "max_count": 4},
 }
 
@@ -392,13 +393,13 @@ def test_the_paper_space_is_the_stages_space_with_the_papers_grid_and_evaluation
         [{k: v for k, v in s.items() if k != "evaluate"} for s in stages["stages"]]
     assert paper["parameters"] == {"max_count": [0, 5, 9]}
     space = load_space(spaces / "gpt_d20_paper.yaml")
-    assert (space.fixed["schedule"], space.fixed["start_layer"], space.fixed["increment"]) == ("ramp", 4, 1)
+    assert (space.fixed["laplacian_schedule"], space.fixed["start_layer"], space.fixed["increment"]) == ("ramp", 4, 1)
     evaluations = {task: e for e in space.stages[-1].evaluate for task in e.tasks}
     assert set(evaluations) == {"arc_easy", "arc_challenge", "mmlu", "gsm8k_chat", "humaneval"}
     gsm = evaluations["gsm8k_chat"]
     assert (gsm.num_samples, gsm.temperature) == (10, 1.0)  # pass@10 as nanochat's chat_rl samples it
     assert space.metrics == ["sft/eval_gsm8k_chat_pass_at_10"] and space.modes == ["max"]
-    counts = {k: build_config({"preset": "gpt_d20", "schedule": "ramp", "start_layer": 4, "increment": 1,
+    counts = {k: build_config({"preset": "gpt_d20", "laplacian_schedule": "ramp", "start_layer": 4, "increment": 1,
                                "max_count": k}).laplacian_counts for k in (0, 5, 9)}
     assert counts[0] == [0] * 20 and counts[5][:9] == [0, 0, 0, 0, 1, 2, 3, 4, 5] and max(counts[9]) == 9
 

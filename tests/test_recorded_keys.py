@@ -156,8 +156,8 @@ def test_a_set_key_the_run_does_not_read_is_refused_naming_what_reads_it():
     # a default changes nothing, so a config written with every key (as exports were) still runs
     space = parse_space(_quickstart_with(matrix_lr=0.02, param_data_ratio=None))
     assert check_configs(space, DIGITS) >= 2
-    assert "matrix_lr" not in complete_hyperparameters(space.resolve({"lr": 3e-3, "schedule": "uniform", "k": 0}),
-                                                       DIGITS, space.task, epochs=space.epochs)
+    sampled = {"lr": 3e-3, "laplacian_schedule": "uniform", "k": 0}
+    assert "matrix_lr" not in complete_hyperparameters(space.resolve(sampled), DIGITS, space.task, epochs=space.epochs)
 
 
 def test_a_later_stage_keeps_only_the_training_keys_it_reads():

@@ -31,7 +31,7 @@ RUN_CONFIG = {"task": "classification", "dataset": {"source": "digits"}, "epochs
 
 def _language_model_space(**changes) -> dict:
     space = yaml.safe_load((REPO / "search_spaces" / "quickstart_lm.yaml").read_text())
-    return {**space, "num_samples": 1, "epochs": 1, "scheduler": "none", **changes}
+    return {**space, "num_samples": 1, "epochs": 1, "early_stopping": "none", **changes}
 
 
 def _language_model_config(**changes) -> dict:

@@ -15,7 +15,8 @@ from study.results import Configuration, TrialRecord
 from study.stats import paired_difference
 from study.status import TrialStatus
 
-SPACE_ORDER = ["schedule", "k", "ramp_start", "ramp_cap", "lr"]  # ramp_*: a conditional group (schedule=ramp)
+# ramp_*: a conditional group (laplacian_schedule=ramp)
+SPACE_ORDER = ["laplacian_schedule", "k", "ramp_start", "ramp_cap", "lr"]
 
 
 def _conditional_study(schedules: list[str]) -> optuna.Study:
@@ -23,9 +24,9 @@ def _conditional_study(schedules: list[str]) -> optuna.Study:
     is searched too but this objective never reaches it."""
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     for number, schedule in enumerate(schedules):
-        study.enqueue_trial({"schedule": schedule})
+        study.enqueue_trial({"laplacian_schedule": schedule})
         trial = study.ask()
-        trial.suggest_categorical("schedule", ["uniform", "ramp"])
+        trial.suggest_categorical("laplacian_schedule", ["uniform", "ramp"])
         k = trial.suggest_int("k", 0, 4)
         ramp = trial.suggest_int("ramp_start", 0, 3) if schedule == "ramp" else 0
         lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
@@ -34,9 +35,9 @@ def _conditional_study(schedules: list[str]) -> optuna.Study:
 
 
 def test_a_configuration_is_named_by_its_values_in_the_spaces_order():
-    values = {"schedule": "ramp", "k": 3, "ramp_start": 2, "lr": 0.0031234567}
-    assert interactive.label(values) == "schedule=ramp, k=3, ramp_start=2, lr=0.003123"
-    assert interactive.trial_label(values, 1) == "schedule=ramp, k=3, ramp_start=2, lr=0.003123, seed 1"
+    values = {"laplacian_schedule": "ramp", "k": 3, "ramp_start": 2, "lr": 0.0031234567}
+    assert interactive.label(values) == "laplacian_schedule=ramp, k=3, ramp_start=2, lr=0.003123"
+    assert interactive.trial_label(values, 1) == "laplacian_schedule=ramp, k=3, ramp_start=2, lr=0.003123, seed 1"
     assert interactive.trial_label({"k": 0}, None) == "k=0"
 
 
@@ -56,16 +57,17 @@ def test_the_paired_comparison_names_each_configuration_by_its_values():
 def test_a_parameter_the_study_never_sampled_gets_no_panel():
     study = _conditional_study(["uniform", "ramp", "uniform", "ramp", "uniform"])
     assert interactive.with_values(SPACE_ORDER, [t.params for t in study.trials]) == [
-        "schedule", "k", "ramp_start", "lr"]
+        "laplacian_schedule", "k", "ramp_start", "lr"]
     figures = {title: fig for title, _, fig in interactive.optuna_figures(study, SPACE_ORDER, "val_acc", None)}
     assert set(figures) == {"Optimisation history", "Slices", "Parallel coordinates", "Contour"}
-    assert slice_titles(figures["Slices"]) == {"schedule", "k", "ramp_start", "lr"}
+    assert slice_titles(figures["Slices"]) == {"laplacian_schedule", "k", "ramp_start", "lr"}
     axes = list(figures["Parallel coordinates"].layout.xaxis.ticktext)  # Optuna 5 draws one axis per tick
-    assert axes == ["val_acc", "k", "lr", "ramp_start", "schedule"]  # the objective, then the parameters sorted
+    # the objective, then the parameters sorted
+    assert axes == ["val_acc", "k", "laplacian_schedule", "lr", "ramp_start"]
     # a study that never took the conditional branch: no ramp_start panel either
     uniform = _conditional_study(["uniform"] * 4)
     figures = {title: fig for title, _, fig in interactive.optuna_figures(uniform, SPACE_ORDER, "val_acc", None)}
-    assert slice_titles(figures["Slices"]) == {"schedule", "k", "lr"}
+    assert slice_titles(figures["Slices"]) == {"laplacian_schedule", "k", "lr"}
 
 
 def slice_titles(fig) -> set[str]:
@@ -82,15 +84,14 @@ def _record(trial_id: str, values: dict, seed: int, status: TrialStatus, accurac
 def test_the_parameter_grid_has_no_column_without_points():
     """ramp_start was sampled only by a configuration whose replicates were stopped early: no column for it."""
     done, stopped = TrialStatus.COMPLETED, TrialStatus.EARLY_STOPPED
-    uniform = Configuration("a", {"schedule": "uniform", "k": 2}, [_record("a0", {"schedule": "uniform", "k": 2}, 0,
-                                                                           done, 0.8)])
-    other = Configuration("b", {"schedule": "uniform", "k": 4}, [_record("b0", {"schedule": "uniform", "k": 4}, 0,
-                                                                         done, 0.9)])
-    ramp_values = {"schedule": "ramp", "k": 3, "ramp_start": 1}
+    uniform_values, other_values = {"laplacian_schedule": "uniform", "k": 2}, {"laplacian_schedule": "uniform", "k": 4}
+    uniform = Configuration("a", uniform_values, [_record("a0", uniform_values, 0, done, 0.8)])
+    other = Configuration("b", other_values, [_record("b0", other_values, 0, done, 0.9)])
+    ramp_values = {"laplacian_schedule": "ramp", "k": 3, "ramp_start": 1}
     ramp = Configuration("c", ramp_values, [_record("c0", ramp_values, 0, stopped, 0.5)])
-    panels = report.parameter_panels([uniform, other, ramp], ["schedule", "k", "ramp_start", "ramp_cap"],
-                                     ["val_acc"], "schedule")
-    assert list(panels["val_acc"]) == ["schedule", "k"]
+    panels = report.parameter_panels([uniform, other, ramp], ["laplacian_schedule", "k", "ramp_start", "ramp_cap"],
+                                     ["val_acc"], "laplacian_schedule")
+    assert list(panels["val_acc"]) == ["laplacian_schedule", "k"]
     assert sorted(p[0] for p in panels["val_acc"]["k"]) == [2, 4]
     assert all(panels["val_acc"][name] for name in panels["val_acc"])
 

@@ -40,7 +40,7 @@ class Data:
 
 
 CASES = {
-    "quickstart": ({"lr": 3e-3, "schedule": "uniform", "k": K}, Data({"num_classes": 10, "image_size": 8,
+    "quickstart": ({"lr": 3e-3, "laplacian_schedule": "uniform", "k": K}, Data({"num_classes": 10, "image_size": 8,
                                                                        "in_chans": 1}, 1437)),
     "translation_toy": ({"lr": 2e-3, "mixer": "attention"}, Data({"vocab_size": 640, "pad_id": 0,
                                                                    "context_length": 64}, 2000)),
@@ -127,7 +127,7 @@ def test_the_resolution_writes_every_key_out_and_is_what_the_run_reads_back():
     spec = resolved_trial(space, sampled, data)
     preset = models.build.PRESETS["vit_tiny_digits"]
     train = TrainConfig(lr=3e-3, batch_size=64, weight_decay=0.05, warmup_epochs=1)
-    expected = {**preset, "preset": "vit_tiny_digits", "schedule": "uniform", "k": K, **data.model_overrides,
+    expected = {**preset, "preset": "vit_tiny_digits", "laplacian_schedule": "uniform", "k": K, **data.model_overrides,
                 **{k: v for k, v in train.model_dump().items() if k in train.read_keys("classification")}}
     assert spec.hyperparameters == expected
     assert spec.model_config_flat == {key: expected[key] for key in models.build.model_keys() if key in expected}

@@ -29,7 +29,7 @@ VIT_SPACE = {
     "sampler": {"kind": "tpe", "n_startup_trials": 3},
     # One trial at a time (--max-concurrent 1), the good trial first and the bad one last: at the epoch-2 rung ASHA
     # has the good trial's value and stops the bad one, every time (the second stops there too at 8 epochs).
-    "scheduler": {"kind": "asha", "grace_period": 2, "reduction_factor": 2},
+    "early_stopping": {"kind": "asha", "grace_period": 2, "reduction_factor": 2},
     "geometry": {"max_batches": 2, "pca_points": 200},
     "fixed": {"preset": "vit_tiny_digits", "batch_size": 64, "warmup_epochs": 0.5},
     "parameters": {"lr": {"type": "log_float", "low": 1.0e-6, "high": 1.0e-2},
@@ -139,11 +139,11 @@ def test_completed_trials_record_geometry_and_pictures(vit_study):
 def test_asha_stops_the_bad_trial_early(vit_study):
     bad = _trial_for(vit_study["trials"], BAD)
     rows = vit_study["trials"][bad]
-    assert rows[-1]["epoch"] == VIT_SPACE["scheduler"]["grace_period"] < EPOCHS
+    assert rows[-1]["epoch"] == VIT_SPACE["early_stopping"]["grace_period"] < EPOCHS
     run = _run_of(vit_study, bad)
     assert run.data.tags["lapstudy.status"] == "early_stopped" and run.info.status == "KILLED"
     # its geometry where ASHA judged it, the last layer's and every layer's
-    judged = VIT_SPACE["scheduler"]["grace_period"]
+    judged = VIT_SPACE["early_stopping"]["grace_period"]
     for key in (*CLASSIFICATION_GEOMETRY, "geom_l0_between_class_frac", "geom_l3_nc1"):
         assert [step for step, _ in metric_history(vit_study["uri"], run.info.run_id, key)] == [judged], key
 
@@ -317,7 +317,7 @@ def test_multi_objective_language_model_study_exports_its_pareto_set(tmp_path, r
         "epochs": 2,
         "num_samples": 3,
         "sampler": {"kind": "nsga2", "population_size": 4},
-        "scheduler": "none",
+        "early_stopping": "none",
         "geometry": {"max_batches": 2, "top_targets": 8, "pca_points": 100},
         "fixed": {"preset": "gpt_tiny", "batch_size": 16, "steps_per_epoch": 8},
         "parameters": {"lr": {"type": "log_float", "low": 1.0e-3, "high": 1.0e-2}, "depth": [1, 2, 4]},
@@ -374,7 +374,8 @@ def _variant(vit_study, name: str, *flags, **changes) -> dict:
     """The GOOD trial alone, as a study of its own with `changes` to the space and `flags` on the command line;
     its rows in Ray's records, its MLflow run and its run config."""
     root = vit_study["root"]
-    space = {**VIT_SPACE, "name": name, "num_samples": 1, "scheduler": "none", "points_to_evaluate": [GOOD], **changes}
+    space = {**VIT_SPACE, "name": name, "num_samples": 1, "early_stopping": "none", "points_to_evaluate": [GOOD],
+             **changes}
     write_yaml(root / f"{name}.yaml", space)
     run = lapstudy("run", f"{name}.yaml", "--storage", "studies", "--address", vit_study["address"], *flags, cwd=root)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -35,7 +35,7 @@ EPOCHS = 4
 BASELINE, GOOD, BAD = {"lr": 3.0e-3, "k": 0}, {"lr": 3.0e-3, "k": 2}, {"lr": 1.0e-6, "k": 2}
 SPACE = tiny_space(
     name="replicated", epochs=EPOCHS, num_samples=3, replicates=2, baseline=BASELINE,
-    sampler={"kind": "tpe", "n_startup_trials": 3}, scheduler="none",
+    sampler={"kind": "tpe", "n_startup_trials": 3}, early_stopping="none",
     geometry={"max_batches": 2, "pca_points": 100},
     parameters={"lr": {"type": "log_float", "low": 1.0e-6, "high": 1.0e-2}, "k": {"type": "int", "low": 0, "high": 4}},
     points_to_evaluate=[GOOD, BAD],

@@ -33,7 +33,7 @@ def _study(root, address, space: dict, *flags) -> dict:
 
 def _space(name: str, dataset: dict, **changes) -> dict:
     return {"name": name, "task": "classification", "dataset": dataset, "metric": "val_acc", "mode": "max",
-            "epochs": 3, "seed": 0, "num_samples": 1, "scheduler": "none", "geometry": {"max_batches": 1,
+            "epochs": 3, "seed": 0, "num_samples": 1, "early_stopping": "none", "geometry": {"max_batches": 1,
             "pca_points": 100}, "fixed": TINY_VIT, "parameters": {"lr": {"type": "log_float", "low": 1e-3,
             "high": 1e-2}}, "points_to_evaluate": [{"lr": 3e-3}], **changes}
 
@@ -59,7 +59,7 @@ def test_stlt_space_runs_as_a_study(tmp_path, ray_address):
     from pathlib import Path
 
     shipped = yaml.safe_load((Path(__file__).parents[1] / "search_spaces" / "stlt_vit_digits.yaml").read_text())
-    space = {**shipped, "epochs": 2, "num_samples": 2, "scheduler": "none", "geometry": {"max_batches": 1}}
+    space = {**shipped, "epochs": 2, "num_samples": 2, "early_stopping": "none", "geometry": {"max_batches": 1}}
     study = _study(tmp_path, ray_address, space)
     assert len(study["trials"]) == 2
     by_mixer = {rows[0]["config"]["mixer"]: trial for trial, rows in study["trials"].items()}
@@ -141,7 +141,7 @@ def test_text_files_adapter_through_lapstudy_run(tmp_path, ray_address):
     for i in range(40):
         (corpus / f"doc_{i:02d}.txt").write_text(" ".join(rng.choice(words, size=200)) + "\n")
     space = {"name": "text", "task": "language_modeling", "metric": "val_bpb", "mode": "min", "epochs": 2, "seed": 0,
-             "num_samples": 1, "scheduler": "none", "geometry": {"max_batches": 1, "top_targets": 8,
+             "num_samples": 1, "early_stopping": "none", "geometry": {"max_batches": 1, "top_targets": 8,
              "pca_points": 100},
              "dataset": {"source": "text_files", "path": "corpus", "seq_len": 64, "tokenizer": "byte",
                          "val_fraction": 0.2},

@@ -53,7 +53,7 @@ BAD_SPACES = [
     (lambda d: d["conditional"][0]["parameters"].update(k={"type": "int", "low": 0, "high": 5}),
      ["conditional[0].parameters.k = 5", "0..4"]),
     (lambda d: d["parameters"].update(lr={"type": "log_float", "low": 0.0, "high": 1.0}), ["parameters.lr", "low > 0"]),
-    (lambda d: d["parameters"].update(schedule=[]), ["parameters.schedule", "at least 1"]),
+    (lambda d: d["parameters"].update(laplacian_schedule=[]), ["parameters.laplacian_schedule", "at least 1"]),
     (lambda d: d.update(metric="val_bpb"), ["metric", "val_acc"]),
     (lambda d: d.update(mode="maximise"), ["mode", "'min'"]),
     (lambda d: d.update(sampler="bayes"), ["sampler.kind", "'tpe'", "'nsga2'"]),
@@ -62,15 +62,17 @@ BAD_SPACES = [
      ["dataset", "gives text, but task classification reads images", "tasks that read text: language_modeling"]),
     (lambda d: d.update(epochs=0), ["epochs", "greater than or equal to 1"]),
     (lambda d: d.update(task="segmentation"), ["task", "classification"]),
-    (lambda d: d.update(scheduler={"kind": "asha", "grace_period": 50}), ["grace_period", "epochs"]),
-    (lambda d: d.update(metric=["val_acc", "samples_per_s"], mode=["max", "max"]), ["scheduler", "none"]),
-    (lambda d: d.update(metric=["val_acc", "samples_per_s"], mode=["max"], scheduler="none"), ["mode", "one mode"]),
+    (lambda d: d.update(early_stopping={"kind": "asha", "grace_period": 50}), ["grace_period", "epochs"]),
+    (lambda d: d.update(metric=["val_acc", "samples_per_s"], mode=["max", "max"]), ["early_stopping", "none"]),
+    (lambda d: d.update(metric=["val_acc", "samples_per_s"], mode=["max"], early_stopping="none"),
+     ["mode", "one mode"]),
     (lambda d: d.update(sampler="grid"), ["grid", "conditional"]),
-    (lambda d: d["points_to_evaluate"].append({"lr": 1e-3, "schedule": "uniform", "k": 9}),
+    (lambda d: d["points_to_evaluate"].append({"lr": 1e-3, "laplacian_schedule": "uniform", "k": 9}),
      ["points_to_evaluate[2].k", "0..4"]),
-    (lambda d: d["points_to_evaluate"].append({"lr": 3e-3, "schedule": "ramp", "k": 1}),
+    (lambda d: d["points_to_evaluate"].append({"lr": 3e-3, "laplacian_schedule": "ramp", "k": 1}),
      ["points_to_evaluate[2].k", "not a parameter"]),
-    (lambda d: d["conditional"][0]["when"].update(schedule="zigzag"), ["conditional[0].when.schedule", "ramp"]),
+    (lambda d: d["conditional"][0]["when"].update(laplacian_schedule="zigzag"),
+     ["conditional[0].when.laplacian_schedule", "ramp"]),
     (lambda d: d["conditional"][0]["when"].update(depth=4), ["conditional[0].when.depth", "not a parameter"]),
     (lambda d: d["fixed"].update(lr=1e-3), ["lr", "already defined"]),
     (lambda d: d["fixed"].update(weight_decay=-0.1), ["weight_decay", "greater than or equal to 0"]),
@@ -123,7 +125,7 @@ def test_benchmark_task_folders_are_read_from_the_space_files_folder(tmp_path):
     loaded = load_space(tmp_path / "space.yaml")
     assert loaded.evaluate[0].include_path == [str(tmp_path / "tasks"), str(Path("~/more").expanduser())]
     assert loaded.stages[0].evaluate[0].include_path == [str(tmp_path / "../shared")]
-    spec = loaded.run_spec(loaded.resolve({"lr": 1e-3, "schedule": "uniform", "k": 0}), Resources())
+    spec = loaded.run_spec(loaded.resolve({"lr": 1e-3, "laplacian_schedule": "uniform", "k": 0}), Resources())
     assert [run.evaluate for _, _, run in spec.stage_runs()] == [loaded.evaluate, loaded.stages[0].evaluate]
 
 
@@ -131,13 +133,13 @@ def test_the_last_stages_benchmarks_may_be_the_objective_without_asha():
     stages = [{"name": "sft", "task": "language_modeling", "epochs": 1,
                "evaluate": [{"tasks": ["gsm8k_chat"], "num_samples": 10, "temperature": 1.0}]}]
     space = parse_space(_language_model_space(stages=stages, metric="sft/eval_gsm8k_chat_pass_at_10", mode="max",
-                                              scheduler="none"))
+                                              early_stopping="none"))
     assert space.final_metric_prefixes() == ("sft/eval_gsm8k_chat_",) and not space.reported_every_epoch()
-    with pytest.raises(UserError, match="reported at the trial's end only.*scheduler: none"):
+    with pytest.raises(UserError, match="reported at the trial's end only.*early_stopping: none"):
         parse_space(_language_model_space(stages=stages, metric="sft/eval_gsm8k_chat_pass_at_10", mode="max",
-                                          scheduler={"kind": "asha", "grace_period": 1}))
+                                          early_stopping={"kind": "asha", "grace_period": 1}))
     with pytest.raises(UserError, match="or the last stage's benchmarks \\(sft/eval_gsm8k_chat_<metric>\\)"):
-        parse_space(_language_model_space(stages=stages, metric="sft/eval_mmlu_acc", scheduler="none"))
+        parse_space(_language_model_space(stages=stages, metric="sft/eval_mmlu_acc", early_stopping="none"))
     assert parse_space(_language_model_space()).reported_every_epoch()
 
 
@@ -170,13 +172,13 @@ def test_define_by_run_samples_conditional_parameters_only_when_their_condition_
         trial = study.ask()
         DefineByRun(space)(trial)
         params = trial.params
-        seen.add(params["schedule"])
-        if params["schedule"] == "uniform":
-            assert set(params) == {"lr", "schedule", "k"}
+        seen.add(params["laplacian_schedule"])
+        if params["laplacian_schedule"] == "uniform":
+            assert set(params) == {"lr", "laplacian_schedule", "k"}
         else:
-            assert set(params) == {"lr", "schedule", "start_layer", "max_count"}
+            assert set(params) == {"lr", "laplacian_schedule", "start_layer", "max_count"}
         resolved = space.resolve(params)
-        if params["schedule"] == "ramp":
+        if params["laplacian_schedule"] == "ramp":
             assert resolved["increment"] == 1  # the group's fixed value comes with it
         hyperparameters = complete_hyperparameters(resolved, DIGITS, space.task, epochs=space.epochs)
         assert hyperparameters["lr"] == params["lr"] and hyperparameters["num_classes"] == 10
@@ -448,8 +450,8 @@ def test_run_logger_survives_an_unreachable_tracking_server(monkeypatch):
 def test_corner_enumeration_covers_every_combination_of_bounds():
     space = parse_space(quickstart())
     combos = [c for c, _ in corner_configs(space) if _ == "parameters"]
-    uniform = [c for c in combos if c["schedule"] == "uniform"]
-    ramp = [c for c in combos if c["schedule"] == "ramp"]
+    uniform = [c for c in combos if c["laplacian_schedule"] == "uniform"]
+    ramp = [c for c in combos if c["laplacian_schedule"] == "ramp"]
     assert len(uniform) == 2 * 2 and len(ramp) == 2 * 2 * 2
     assert {(c["lr"], c["k"]) for c in uniform} == set(itertools.product([1e-3, 6e-3], [0, 4]))
 

@@ -284,7 +284,7 @@ def test_wmt14_reads_a_local_copy_in_the_direction_asked(tmp_path):
 
 SHIPPED = yaml.safe_load((REPO / "search_spaces" / "translation_toy.yaml").read_text())
 EPOCHS = 3
-SPACE = {**SHIPPED, "name": "translation", "epochs": EPOCHS, "num_samples": 1, "scheduler": "none",
+SPACE = {**SHIPPED, "name": "translation", "epochs": EPOCHS, "num_samples": 1, "early_stopping": "none",
          "sampler": "grid", "conditional": [], "points_to_evaluate": [],
          "dataset": {"source": "toy_translation", "num_train": 2000, "num_val": 60},
          "geometry": {"every": 3, "max_batches": 1, "pca_points": 100},
