@@ -86,7 +86,7 @@ def run_study(options: RunOptions, space: SearchSpace, name: str) -> int:
     study_run_id = open_study_run(tracking_uri, experiment_id, name, _study_params(space, folder.record()),
                                   provenance(), [folder.path / SPACE_FILE])
 
-    context = StudyContext(folder, space, seed, resources, tracking_uri, experiment_id, study_run_id,
+    context = StudyContext(folder, space, resources, tracking_uri, experiment_id, study_run_id,
                            options.max_failures, in_process, worker_resources, options.allow_code_execution)
     trainable = tune.with_resources(tune.with_parameters(trial_driver, study=context),
                                     trial_driver_resources(ray.cluster_resources(), resources, in_process))

@@ -38,7 +38,6 @@ class StudyContext:
 
     folder: StudyFolder
     space: SearchSpace
-    seed: int
     resources: Resources
     tracking_uri: str
     experiment_id: str
@@ -72,8 +71,8 @@ def trial_driver(config: dict, study: StudyContext) -> None:
     context = tune.get_context()
     trial_id, name = context.get_trial_id(), context.get_trial_name()
     space = study.space
-    seed = config.get(SEED, study.seed)  # the replicate's seed (studies started before replicates: the study's)
-    replicate = {CONFIG_ID: config.get(CONFIG_ID, trial_id), REPLICATE: config.get(REPLICATE, 0)}
+    seed = config[SEED]  # the replicate's seed: the study's searcher (study/search.py) names it in every config
+    replicate = {CONFIG_ID: config[CONFIG_ID], REPLICATE: config[REPLICATE]}
     task_data = load_task_data(space.dataset, seed=seed)
     hyperparameters = complete_hyperparameters(space.resolve(config), task_data.model_overrides, space.task,
                                                epochs=space.epochs)

@@ -19,8 +19,8 @@ os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
 # The order in which pytest-xdist hands out test modules (`make test`: --dist=loadfile --no-loadscope-reorder): the
 # costliest first, so that on two workers the long Ray modules do not start last and leave one worker idle at the
 # end (xdist's own order, by number of tests, gave them out last). A module's cost is the sum of the `seconds` its
-# `slow` marks give (a module-level mark counts once: its studies are set up once), one second for any other test.
-FAST_TEST_S = 1.0
+# `slow` marks give (a module-level mark counts once: its studies are set up once), half a second for any other test.
+FAST_TEST_S = 0.5
 
 
 def _module_cost(items) -> float:

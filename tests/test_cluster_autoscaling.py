@@ -138,7 +138,7 @@ def _reported() -> tuple[dict, list[dict]]:
     return ray.cluster_resources(), [n["Resources"] for n in ray.nodes() if n["Alive"]]
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=6)
 def test_accepted_before_the_first_gpu_worker_joins_and_after_and_refused_beyond_every_node_type(
         cluster, launcher_config):
     types = declared_node_types(cluster.bootstrap_config)  # no cluster config in the GCS: the launcher's file
@@ -163,7 +163,7 @@ def test_accepted_before_the_first_gpu_worker_joins_and_after_and_refused_beyond
         trial_concurrency(GPU_TRIAL, totals, nodes, 10, node_types=declared_node_types(cluster.bootstrap_config))
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=6)
 def test_node_types_an_autoscaler_reports_to_the_gcs_come_first(cluster):
     from ray.core.generated import autoscaler_pb2
 

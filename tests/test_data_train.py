@@ -57,7 +57,7 @@ def test_rays_state_api_in_a_worker_answers_for_this_clusters_actors(ray_local):
         ray.kill(probe)
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=25)
 def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tmp_path):
     """Two Train workers fed as a trial feeds them: every validation row once over both, disjoint training shards,
     and (with `repeated_aug: 3`, a whole-image crop) at least the steps the plan counts on per worker, in batches of
@@ -103,7 +103,7 @@ def test_two_train_workers_see_disjoint_shards_that_cover_the_data(ray_local, tm
     assert not set(seen[0]["train"]) & set(seen[1]["train"])
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=25)
 def test_one_train_worker_reads_every_row_without_a_split(ray_local, tmp_path):
     """One Train worker reads each split itself: every validation row and every training row, and no split
     coordinator (an actor, a process start on the way to every trial's first batch)."""

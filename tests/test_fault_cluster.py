@@ -41,7 +41,7 @@ from fault_fixtures import (
     write_space,
 )
 
-pytestmark = pytest.mark.slow(seconds=450)
+pytestmark = pytest.mark.slow(seconds=260)
 
 SPOT = "fault_spot"  # the custom resource of the worker node that gets preempted (and of its replacement)
 NODE_LOSS_EPOCHS = 6

@@ -29,7 +29,7 @@ from fault_fixtures import (
     write_space,
 )
 
-pytestmark = pytest.mark.slow(seconds=150)
+pytestmark = pytest.mark.slow(seconds=100)
 
 DRIVER = "lapstudy_driver"  # study.resources.DRIVER_NODE_RESOURCE: trial drivers go where it is
 TRAIN = "fault_train"  # the Train workers' node

@@ -43,7 +43,7 @@ from fault_fixtures import (
 )
 from study_fixtures import searcher_study
 
-pytestmark = pytest.mark.slow(seconds=190)
+pytestmark = pytest.mark.slow(seconds=130)
 
 EPOCHS = 8  # long enough that the study folder shows epoch 2 of a trial well before its last
 DIVERGING, KILLED, AFTER = 1.0e4, 1.0e-3, 2.0e-3

@@ -9,7 +9,7 @@ import pytest
 
 from fault_fixtures import epoch_steps, free_port, mlflow_runs, mlflow_server
 
-pytestmark = pytest.mark.slow(seconds=60)
+pytestmark = pytest.mark.slow(seconds=15)
 
 
 def test_worker_logger_sends_what_it_kept_when_the_server_is_back(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from fault_fixtures import tiny_space
 from study_fixtures import LAPSTUDY, ray_address, tune_trials, write_yaml  # noqa: F401
 
-pytestmark = pytest.mark.slow(seconds=45)
+pytestmark = pytest.mark.slow(seconds=35)
 
 TOKEN = "hf_jobToken0123456789"
 JOB_TIMEOUT_S = 600

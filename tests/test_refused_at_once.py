@@ -290,7 +290,7 @@ def doomed_study(tmp_path_factory):
     return {"run": run, "dir": root / "studies" / "doomed"}
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=30)
 def test_a_study_whose_every_trial_failed_exits_1_saying_why(doomed_study):
     run = doomed_study["run"]
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
@@ -300,7 +300,7 @@ def test_a_study_whose_every_trial_failed_exits_1_saying_why(doomed_study):
     assert "backend: 'triton' needs CUDA tensors" in line
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=30)
 def test_the_records_read_without_ray_are_those_ray_tunes_analysis_reads(doomed_study):
     """`lapstudy status` reads Tune's experiment state as JSON; ExperimentAnalysis (Ray's own reader, which unpickles
     every trial) must find the same trials, statuses, params, last results and errors."""
@@ -317,7 +317,7 @@ def test_the_records_read_without_ray_are_those_ray_tunes_analysis_reads(doomed_
     assert {r.error.split(":")[0] for r in expected} == {"training diverged", "ValueError"}
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=30)
 def test_status_json_holds_each_trials_status_and_error(doomed_study):
     done = subprocess.run([str(LAPSTUDY), "status", str(doomed_study["dir"]), "--json"], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -334,7 +334,7 @@ def test_status_json_holds_each_trials_status_and_error(doomed_study):
     assert next(t for t in trials.values() if t["params"]["mixer"] == "stlt")["epochs"] == 0
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=30)
 def test_export_of_a_study_with_nothing_completed_is_refused(doomed_study, tmp_path):
     done = subprocess.run([str(LAPSTUDY), "export", str(doomed_study["dir"]), "--json", "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=120)

@@ -14,7 +14,7 @@ import yaml
 
 from study_fixtures import lapstudy, metric_history, one_trial_study, ray_address, write_yaml  # noqa: F401
 
-pytestmark = pytest.mark.slow(seconds=120)
+pytestmark = pytest.mark.slow(seconds=60)
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 SHIPPED = yaml.safe_load((SPACES / "gpt_d20_stages_laptop.yaml").read_text())

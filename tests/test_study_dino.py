@@ -12,7 +12,7 @@ import yaml
 
 from study_fixtures import metric_history, one_trial_study, ray_address  # noqa: F401
 
-pytestmark = pytest.mark.slow(seconds=100)
+pytestmark = pytest.mark.slow(seconds=90)
 
 SHIPPED = yaml.safe_load((Path(__file__).resolve().parents[1] / "search_spaces" / "dino_digits.yaml").read_text())
 DINO, LINEAR, SEGMENTATION = 4, 2, 2

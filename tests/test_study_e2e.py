@@ -13,7 +13,7 @@ import yaml
 from fault_fixtures import ray_without_dashboard, study_run
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 
-pytestmark = pytest.mark.slow(seconds=500)
+pytestmark = pytest.mark.slow(seconds=320)
 
 EPOCHS = 8
 GOOD, SECOND, BAD = {"lr": 5.0e-3, "k": 0}, {"lr": 5.0e-3, "k": 2}, {"lr": 1.0e-6, "k": 2}

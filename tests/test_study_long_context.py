@@ -13,7 +13,7 @@ import yaml
 
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, tune_trials, write_yaml  # noqa: F401
 
-pytestmark = pytest.mark.slow(seconds=90)
+pytestmark = pytest.mark.slow(seconds=75)
 
 SHIPPED = yaml.safe_load((Path(__file__).resolve().parents[1] / "search_spaces" / "stlt_longctx_laptop.yaml")
                          .read_text())

@@ -33,7 +33,7 @@ from servers import object_store, postgres_server  # noqa: F401 - object_store: 
 from study import cli
 from study.storage import STAGING_VARIABLE, download, filesystem, join
 
-pytestmark = pytest.mark.slow(seconds=300)
+pytestmark = pytest.mark.slow(seconds=150)
 
 EPOCHS = 5
 FIRST, CUT = 1.0e-3, 2.0e-3

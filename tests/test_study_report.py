@@ -29,7 +29,7 @@ from fault_fixtures import (
     write_space,
 )
 
-pytestmark = pytest.mark.slow(seconds=230)
+pytestmark = pytest.mark.slow(seconds=100)
 
 EPOCHS = 4
 BASELINE, GOOD, BAD = {"lr": 3.0e-3, "k": 0}, {"lr": 3.0e-3, "k": 2}, {"lr": 1.0e-6, "k": 2}

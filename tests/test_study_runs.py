@@ -14,7 +14,7 @@ from PIL import Image
 
 from study_fixtures import lapstudy, metric_history, mlflow_runs, ray_address, searcher_study, tune_trials, write_yaml  # noqa: F401
 
-pytestmark = pytest.mark.slow(seconds=250)
+pytestmark = pytest.mark.slow(seconds=165)
 
 CLASSES, SIDE, IMAGES = 4, 16, 240
 TINY_VIT = {"preset": "vit_tiny_digits", "depth": 2, "patch_size": 4, "batch_size": 32, "warmup_epochs": 0.5}

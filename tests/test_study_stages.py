@@ -20,7 +20,7 @@ from fault_fixtures import (
     write_space,
 )
 
-pytestmark = pytest.mark.slow(seconds=210)
+pytestmark = pytest.mark.slow(seconds=90)
 
 FIRST, SECOND = 3, 6
 # A wider, deeper ViT than the other fault tests' (about 2 s an epoch): the kill waits for Tune's copy of its records

@@ -293,7 +293,7 @@ SPACE = {**SHIPPED, "name": "translation", "epochs": EPOCHS, "num_samples": 1, "
          "parameters": {"mixer": ["stlt"]}}  # adaptive STLT, bilateral in the encoder and causal in the decoder
 
 
-@pytest.mark.slow(seconds=150)
+@pytest.mark.slow(seconds=50)
 def test_a_toy_translation_study_of_stlt_learns_past_word_by_word_and_logs_bleu_per_bucket(tmp_path, ray_address):
     write_yaml(tmp_path / "translation.yaml", SPACE)
     run = lapstudy("run", "translation.yaml", "--storage", "studies", "--address", ray_address, cwd=tmp_path,
