@@ -9,9 +9,6 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from models.block import Block
-from models.mixers import LayerContext, build_mixer
-
 
 class ModelOutput(NamedTuple):
     logits: torch.Tensor
@@ -22,7 +19,7 @@ class ModelOutput(NamedTuple):
 class MixerModel(nn.Module):
     """Base of the ViT and the GPT: forwards training-loop hooks to the token mixers that implement them.
 
-    Subclasses build their layers with ``_build_blocks``, which sets ``self.blocks`` (each with a ``.mixer``) and
+    Subclasses set ``self.blocks`` (each with a ``.mixer``: models/mixers.py's ``build_blocks``) and
     ``self.mixer_kinds`` (the registry name per layer).
     Mixers may implement ``regularization_loss()``, ``set_training_step(step, total_steps)``, ``stats()``,
     ``slow_parameters()`` and ``start_node_count()`` / ``stop_node_count()``; attention implements none of them.
@@ -32,24 +29,6 @@ class MixerModel(nn.Module):
 
     blocks: nn.ModuleList
     mixer_kinds: list[str]
-
-    def _build_blocks(self, config, *, causal: bool, seq_len: int, proj_bias: bool, rope,
-                      drop_path_by_depth: str = "linear", block_style: str = "gpt2", num_kv_heads: int | None = None,
-                      **block_options) -> None:
-        """One Block per layer around the mixer its kind names, told what the layer is (its Laplacian head count,
-        causality, sequence length, block style). Stochastic depth: ``config.drop_path`` in every layer
-        (``"uniform"``, DeiT III's models_v2.py), or rising linearly from 0 in the first layer to it in the last
-        (``"linear"``, DeiT I and timm)."""
-        drop_rates = drop_path_rates(config.drop_path, config.depth, drop_path_by_depth)
-        self.mixer_kinds = config.mixer_kinds
-        self.blocks = nn.ModuleList()
-        for layer, kind in enumerate(config.mixer_kinds):
-            context = LayerContext(dim=config.dim, num_heads=config.num_heads, layer=layer,
-                                   laplacian_heads=config.laplacian_counts[layer], causal=causal, seq_len=seq_len,
-                                   qkv_bias=config.qkv_bias, proj_bias=proj_bias, rope=rope,
-                                   block_style=block_style, num_kv_heads=num_kv_heads)
-            self.blocks.append(Block(config.dim, build_mixer(kind, context, config.mixer_options),
-                                     mlp_ratio=config.mlp_ratio, drop_path=drop_rates[layer], **block_options))
 
     @contextmanager
     def layer_outputs(self) -> Iterator[list[torch.Tensor]]:
@@ -136,13 +115,6 @@ class MixerModel(nn.Module):
             {"params": slow_params, "weight_decay": 0.0, "lr_scale": slow_lr_scale},
         ]
         return [g for g in groups if g["params"]]
-
-
-def drop_path_rates(rate: float, depth: int, by_depth: str) -> list[float]:
-    """Stochastic-depth rate of each of ``depth`` layers: ``rate`` everywhere (uniform) or 0 -> ``rate`` (linear)."""
-    if by_depth == "uniform":
-        return [rate] * depth
-    return [rate * layer / max(depth - 1, 1) for layer in range(depth)]
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -22,14 +22,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from models.base import MixerModel, drop_path_rates
+from models.base import MixerModel
 from models.checks import check_bool, check_choice, check_int, check_number
-from models.config import TransformerConfig, resolve_mixer_kinds
+from models.config import TransformerConfig, laplacian_schedule, resolve_mixer_kinds
 from models.encdec_attention import CrossAttention, SelfAttention
 from models.errors import ConfigError
 from models.layers import DropPath
-from models.mixers import LayerContext, build_mixer
-from models.schedule import laplacian_schedule
+from models.mixers import LayerContext, build_mixer, drop_path_rates
 
 LAPLACIAN_SITES = ("encoder", "decoder", "cross")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}

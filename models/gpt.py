@@ -29,6 +29,7 @@ from models.checks import check_bool, check_choice, check_int, check_number
 from models.config import TransformerConfig
 from models.errors import ConfigError
 from models.layers import make_norm
+from models.mixers import build_blocks
 from models.rope import RotaryEmbedding, check_head_dim
 
 BLOCK_STYLES = ("gpt2", "nanochat")
@@ -106,9 +107,10 @@ class GPT(MixerModel):
         rope_len = c.context_length * (NANOCHAT_ROPE_SPAN if nanochat else 1)
         self.rope = RotaryEmbedding(c.dim // c.num_heads, rope_len, c.rope_base, clockwise=nanochat)
         norm = "rmsnorm" if nanochat else "layernorm"
-        self._build_blocks(c, causal=True, seq_len=c.context_length, proj_bias=False, rope=self.rope, bias=False,
-                           norm=norm, mlp_act="relu2" if nanochat else "gelu", block_style=c.block_style,
-                           num_kv_heads=c.num_kv_heads)
+        self.mixer_kinds = c.mixer_kinds
+        self.blocks = build_blocks(c, causal=True, seq_len=c.context_length, proj_bias=False, rope=self.rope,
+                                   bias=False, norm=norm, mlp_act="relu2" if nanochat else "gelu",
+                                   block_style=c.block_style, num_kv_heads=c.num_kv_heads)
         self.embed_norm = make_norm("rmsnorm", c.dim) if nanochat else nn.Identity()
         self.norm = make_norm(norm, c.dim, bias=False)
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)

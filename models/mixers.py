@@ -1,4 +1,5 @@
-"""Registry of token mixers: a new mixer is one module in `models/` plus one entry here.
+"""Registry of token mixers, and a model's layers built from it: a new mixer is one module in `models/` plus one entry
+here.
 
 Each entry builds the mixer of one layer from the model's shapes and the resolved flat config, and lists the extra
 flat-config keys it reads (so `build_model` can tell a typo from a mixer option).
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from models.attention import MixedHeadAttention, RotaryQKNormAttention
+from models.block import Block
 from models.errors import ConfigError
 from models.rope import RotaryEmbedding
 from models.stlt import STLT_KEYS, STLTMixer, stlt_config, validate_stlt_options
@@ -85,3 +87,28 @@ def mixer_keys() -> frozenset[str]:
 
 def build_mixer(kind: str, ctx: LayerContext, options: Mapping) -> nn.Module:
     return MIXERS[kind].build(ctx, options)
+
+
+def build_blocks(config, *, causal: bool, seq_len: int, proj_bias: bool, rope, drop_path_by_depth: str = "linear",
+                 block_style: str = "gpt2", num_kv_heads: int | None = None, **block_options) -> nn.ModuleList:
+    """One Block per layer of a validated config around the mixer its kind names, told what the layer is (its
+    Laplacian head count, causality, sequence length, block style). Stochastic depth: ``config.drop_path`` in every
+    layer (``"uniform"``, DeiT III's models_v2.py), or rising linearly from 0 in the first layer to it in the last
+    (``"linear"``, DeiT I and timm)."""
+    drop_rates = drop_path_rates(config.drop_path, config.depth, drop_path_by_depth)
+    blocks = nn.ModuleList()
+    for layer, kind in enumerate(config.mixer_kinds):
+        context = LayerContext(dim=config.dim, num_heads=config.num_heads, layer=layer,
+                               laplacian_heads=config.laplacian_counts[layer], causal=causal, seq_len=seq_len,
+                               qkv_bias=config.qkv_bias, proj_bias=proj_bias, rope=rope,
+                               block_style=block_style, num_kv_heads=num_kv_heads)
+        blocks.append(Block(config.dim, build_mixer(kind, context, config.mixer_options),
+                            mlp_ratio=config.mlp_ratio, drop_path=drop_rates[layer], **block_options))
+    return blocks
+
+
+def drop_path_rates(rate: float, depth: int, by_depth: str) -> list[float]:
+    """Stochastic-depth rate of each of ``depth`` layers: ``rate`` everywhere (uniform) or 0 -> ``rate`` (linear)."""
+    if by_depth == "uniform":
+        return [rate] * depth
+    return [rate * layer / max(depth - 1, 1) for layer in range(depth)]

@@ -19,6 +19,7 @@ from models.base import MixerModel, ModelOutput
 from models.checks import check_bool, check_choice, check_int, check_number
 from models.config import TransformerConfig
 from models.errors import ConfigError
+from models.mixers import build_blocks
 
 
 @dataclass
@@ -63,9 +64,10 @@ class ViT(MixerModel):
         self.patch_embed = nn.Conv2d(c.in_chans, c.dim, kernel_size=c.patch_size, stride=c.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, int(c.class_pos_embed) + c.num_patches, c.dim))
-        self._build_blocks(c, causal=False, seq_len=c.num_patches + 1, proj_bias=True, rope=None,
-                           drop_path_by_depth=c.drop_path_by_depth, layer_scale_init=c.layer_scale_init,
-                           norm_eps=c.norm_eps)
+        self.mixer_kinds = c.mixer_kinds
+        self.blocks = build_blocks(c, causal=False, seq_len=c.num_patches + 1, proj_bias=True, rope=None,
+                                   drop_path_by_depth=c.drop_path_by_depth, layer_scale_init=c.layer_scale_init,
+                                   norm_eps=c.norm_eps)
         self.norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.head = nn.Linear(c.dim, c.num_classes)
         self.apply(_init_weights)

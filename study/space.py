@@ -356,7 +356,7 @@ class SearchSpace(StrictModel):
         values.update(self.fixed)
         yield self.parameters
         for group in self.conditional:
-            if group.active(values):
+            if all(name in values and group.admits(name, values[name]) for name in group.when):
                 values.update(group.fixed)
                 yield group.parameters
 

@@ -139,9 +139,9 @@ class ConditionalGroup(StrictModel):
     def _shorthand(cls, value):
         return shorthand_parameters(value)
 
-    def active(self, values: dict) -> bool:
-        for name, allowed in self.when.items():
-            options = allowed if isinstance(allowed, list) else [allowed]
-            if name not in values or not any(type(values[name]) is type(o) and values[name] == o for o in options):
-                return False
-        return True
+    def admits(self, name: str, value) -> bool:
+        """Whether `value`, taken by the earlier parameter `name`, is one the group's condition lists for it (of the
+        same type: ``true`` is not ``1``)."""
+        allowed = self.when[name]
+        return any(type(value) is type(option) and value == option
+                   for option in (allowed if isinstance(allowed, list) else [allowed]))

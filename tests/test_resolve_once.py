@@ -192,7 +192,8 @@ class KPath:
 def test_k_goes_from_the_space_to_the_attention_heads_through_few_files_each_once():
     """Two descents: the trial's resolution (the space's sampled values to a validated model config, whose
     Laplacian-head schedule is fixed there) and the stage's model built from that resolution down to its attention
-    layers. Each enters at most 8 project files and none twice, and the second resolves nothing again."""
+    layers. Together they enter at most 8 project files, neither enters a file twice, and the second resolves
+    nothing again."""
     space = load_space(SPACES / "quickstart.yaml")
     sampled, data = CASES["quickstart"]
     with KPath(K) as resolution:
@@ -202,11 +203,10 @@ def test_k_goes_from_the_space_to_the_attention_heads_through_few_files_each_onc
     with KPath(K) as build:
         model = task_class(spec.task).build_model(spec.resolved, None)
 
-    assert resolution.files[:3] == ["study/space.py", "study/space_parameters.py", "study/runspec.py"]
-    assert "models/schedule.py" in resolution.files  # k becomes each layer's count of Laplacian heads there
+    assert resolution.files[:2] == ["study/space.py", "study/runspec.py"]
+    assert resolution.files[-1] == "models/config.py"  # k becomes each layer's count of Laplacian heads there
     # The loop reads the trial's resolution: no model config is built or checked again on the way down.
-    assert build.files[-1] == "models/attention.py"
-    assert not {"models/config.py", "models/schedule.py"} & set(build.files)
-    for path in (resolution, build):
-        assert len(set(path.files)) <= 8 and not path.twice, (path.files, path.twice)
+    assert build.files[-1] == "models/attention.py" and "models/config.py" not in build.files
+    assert len(set(resolution.files) | set(build.files)) <= 8, (resolution.files, build.files)
+    assert not resolution.twice and not build.twice, (resolution.twice, build.twice)
     assert [block.mixer.laplacian_heads for block in model.blocks] == [K] * len(model.blocks)

@@ -1,7 +1,7 @@
 import pytest
 
+from models.config import laplacian_schedule
 from models.errors import ConfigError
-from models.schedule import laplacian_schedule
 
 
 def test_ramp_from_the_paper():
