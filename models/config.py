@@ -53,10 +53,22 @@ class TransformerConfig:
         for key, kinds, counts in self._layer_heads():
             check_laplacian_heads(key, kinds, counts)
         self._validate_mixer_options()
-        # The flat-config keys this model reads (what a run records of it): its family's fields, `model`, `preset`
-        # and the options of the mixers its layers use (no stlt_* key without an STLT layer).
-        self.read_keys = (frozenset(f.name for f in fields(self)) - {"mixer_options"} | {"model", "preset"}
+        # The flat-config keys this model reads (what a run records of it): its family's fields but those unread
+        # with this configuration (another schedule kind's keys, ...), `model`, `preset` and the options of the mixers
+        # its layers use (no stlt_* key without an STLT layer).
+        self.read_keys = (frozenset(f.name for f in fields(self)) - {"mixer_options"} - self._unread_keys()
+                          | {"model", "preset"}
                           | frozenset().union(*(MIXERS[kind].keys for kind in set(self._all_mixer_kinds()))))
+
+    def read_values(self) -> dict:
+        """The value of every key it reads but `model` and `preset`, defaults included: a config built from them
+        alone is this one."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name in self.read_keys}
+        if self.laplacian_schedule == "uniform" and "k" in values and values["k"] is None:
+            values["k"] = UNIFORM_DEFAULT_K
+        for kind in set(self._all_mixer_kinds()):
+            values.update(MIXERS[kind].options_with_defaults(self.mixer_options))
+        return values
 
     # Hooks a config with more than one stack of layers (models/encdec.py) overrides.
 
@@ -70,6 +82,10 @@ class TransformerConfig:
     def _layer_heads(self) -> list[tuple[str, list[str], list[int]]]:
         """(config key of the mixers, mixer of each layer, Laplacian heads of each layer's self-mixer) per stack."""
         return [("mixer", self.mixer_kinds, self.laplacian_counts)]
+
+    def _unread_keys(self) -> frozenset[str]:
+        """Its fields that this configuration does not read: the keys of the schedule kinds it does not use."""
+        return ALL_SCHEDULE_KEYS - {"laplacian_schedule", *SCHEDULE_KEYS.get(self.laplacian_schedule, ())}
 
     def schedule_spec(self) -> dict:
         names = ("laplacian_schedule", "k", "start_layer", "increment", "max_count", "k_per_layer")
@@ -123,6 +139,7 @@ SCHEDULE_KEYS = {
     "explicit": ("k_per_layer",),
 }
 ALL_SCHEDULE_KEYS = frozenset({"laplacian_schedule", *(key for keys in SCHEDULE_KEYS.values() for key in keys)})
+UNIFORM_DEFAULT_K = 0  # a uniform schedule without k: no Laplacian heads
 
 
 def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num_heads: int) -> list[int]:
@@ -146,7 +163,7 @@ def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num
                                    f"(it takes {', '.join(SCHEDULE_KEYS[kind])})")
 
     if kind == "uniform":
-        k = _checked_int(spec.get("k", 0), "k", low=0, high=num_heads)
+        k = _checked_int(spec.get("k", UNIFORM_DEFAULT_K), "k", low=0, high=num_heads)
         counts = [k] * num_layers
     elif kind == "ramp":
         start = _checked_int(spec.get("start_layer"), "start_layer", low=0, high=num_layers - 1)

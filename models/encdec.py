@@ -24,7 +24,7 @@ from torch import nn
 
 from models.base import MixerModel
 from models.checks import check_bool, check_choice, check_int, check_number
-from models.config import TransformerConfig, laplacian_schedule, resolve_mixer_kinds
+from models.config import ALL_SCHEDULE_KEYS, TransformerConfig, laplacian_schedule, resolve_mixer_kinds
 from models.encdec_attention import CrossAttention, SelfAttention
 from models.errors import ConfigError
 from models.layers import DropPath
@@ -97,6 +97,11 @@ class EncDecConfig(TransformerConfig):
 
     def _all_mixer_kinds(self) -> list[str]:
         return self.mixer_kinds + self.decoder_mixer_kinds
+
+    def _unread_keys(self) -> frozenset[str]:
+        if not self.sites:  # no stack has Laplacian heads: the schedule's counts are refused
+            return ALL_SCHEDULE_KEYS - {"laplacian_schedule"}
+        return super()._unread_keys()
 
     def _layer_heads(self) -> list[tuple[str, list[str], list[int]]]:
         decoder = [count * ("decoder" in self.sites) for count in self.laplacian_counts_decoder]

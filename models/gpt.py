@@ -69,6 +69,10 @@ class GPTConfig(TransformerConfig):
             if self.qkv_bias:
                 raise ConfigError("qkv_bias", "must be false with block_style: nanochat (no biases)")
 
+    def _unread_keys(self) -> frozenset[str]:
+        # GQA is nanochat's; its projections have no biases (refused above when set)
+        return super()._unread_keys() | ({"qkv_bias"} if self.block_style == "nanochat" else {"num_kv_heads"})
+
 
 class DecodingCache:
     """A GPT's incremental-decoding state: one entry per layer (what that layer's mixer's ``new_cache`` returned)

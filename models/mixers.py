@@ -7,6 +7,7 @@ flat-config keys it reads (so `build_model` can tell a typo from a mixer option)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -42,6 +43,8 @@ class MixerSpec:
     build: Callable[[LayerContext, Mapping], nn.Module]
     keys: frozenset[str] = field(default_factory=frozenset)
     validate: Callable[[Mapping], None] | None = None
+    # Its options (`keys`) of a flat config with their defaults, what a run records of it: validated first.
+    options_with_defaults: Callable[[Mapping], dict] = lambda options: {}
     # Whether its layers have attention heads, which the Laplacian-head schedule may make Laplacian.
     has_heads: bool = True
 
@@ -68,7 +71,8 @@ def _stlt(ctx: LayerContext, options: Mapping) -> nn.Module:
 
 MIXERS: dict[str, MixerSpec] = {
     "attention": MixerSpec(build=_attention),
-    "stlt": MixerSpec(build=_stlt, keys=STLT_KEYS, validate=validate_stlt_options, has_heads=False),
+    "stlt": MixerSpec(build=_stlt, keys=STLT_KEYS, validate=validate_stlt_options,
+                      options_with_defaults=lambda options: dataclasses.asdict(stlt_config(options)), has_heads=False),
 }
 
 

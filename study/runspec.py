@@ -354,7 +354,7 @@ class Resolved:
     it, never change it)."""
 
     task: str
-    model: dict  # the flat model config, preset expanded (an STLT layer's options with their defaults)
+    model: dict  # the flat model config: every key the model reads (TransformerConfig.read_values), preset expanded
     config: models.TransformerConfig  # what `model` builds (models.build_config): each layer's mixer and heads
     train: TrainConfig  # the training keys with their defaults (steps_per_epoch derived from param_data_ratio)
     options: BaseModel | None  # the task's own keys with their defaults (`Task.options`; None: it has none)
@@ -381,19 +381,20 @@ def _validated(hyperparameters: dict, task: str, where: str) -> Resolved:
     if "model" not in flat and "preset" not in flat:
         flat = {"model": family, **flat}
     try:
-        model = models.resolve_config(flat)
-        config = models.config_from_resolved(model)
+        expanded = models.resolve_config(flat)
+        config = models.config_from_resolved(expanded)
     except models.ConfigError as exc:
         raise UserError(f"{where}.{exc.field}: {str(exc).removeprefix(exc.field + ': ')}", field=exc.field) from None
     if train.optimizer == "nanochat" and family != "gpt":
         raise UserError(f"{where}.optimizer: nanochat splits a GPT's parameters (Muon for the blocks, AdamW for "
                         f"embedding and head); task {task} trains {family!r}: use adamw, lamb or sgd",
                         field="optimizer")
-    if model["model"] != family:
+    if expanded["model"] != family:
         raise UserError(
-            f"{where}.model: task {task} trains model {family!r}, got {model['model']!r}",
+            f"{where}.model: task {task} trains model {family!r}, got {expanded['model']!r}",
             field="model",
         )
+    model = {"model": family, "preset": expanded["preset"], **config.read_values()}
     return Resolved(task, model, config, train, options)
 
 
@@ -417,8 +418,6 @@ def resolve(hyperparameters: dict, task: str, data_overrides: dict, *, epochs: i
     if key in _RESOLVED:
         return _RESOLVED[key]
     resolved = _validated(apply_data_overrides(hyperparameters, data_overrides, where), task, where)
-    if "stlt" in resolved.config.mixer_kinds:  # STLT layers: their options with defaults too
-        resolved.model.update(dataclasses.asdict(stlt_config(resolved.model)))
     if resolved.train.param_data_ratio is not None:
         steps = ratio_steps_per_epoch(resolved, epochs, where)
         resolved = dataclasses.replace(resolved, train=resolved.train.model_copy(update={"steps_per_epoch": steps}))

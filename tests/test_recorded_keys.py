@@ -4,12 +4,14 @@ schedule builders on a TrainConfig that notes every attribute they touch, not fr
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
 import yaml
 
 import models
+from models.vit import ViTConfig
 from study.errors import UserError
 from study.optim import build_optimizer, build_schedule
 from study.runspec import (
@@ -133,7 +135,8 @@ def test_an_exported_config_reruns_to_the_same_complete_hyperparameters(tmp_path
         spec = load_run_spec(path)
         assert complete_hyperparameters(spec.hyperparameters, DIGITS, spec.task, epochs=spec.epochs) == complete
         assert spec.train == train_config(resolved)
-        assert models.resolve_config(model_part(complete)) == models.resolve_config(model_part({**resolved, **DIGITS}))
+        assert (models.build_config(model_part(complete)).read_values()
+                == models.build_config(model_part({**resolved, **DIGITS})).read_values())
 
 
 def _quickstart_with(**fixed) -> dict:
@@ -171,3 +174,41 @@ def test_a_later_stage_keeps_only_the_training_keys_it_reads():
     (_, _, first), (_, _, linear), (_, _, segmentation) = run.stage_runs()
     assert first.hyperparameters["beta2"] == 0.95 and segmentation.hyperparameters["beta2"] == 0.95  # AdamW again
     assert "beta2" not in linear.hyperparameters and linear.hyperparameters["optimizer"] == "sgd"
+
+
+def recorded_model(hyperparameters: dict, task: str, data: dict = DIGITS) -> dict:
+    return model_part(complete_hyperparameters(hyperparameters, data, task, epochs=1))
+
+
+def test_a_vit_records_its_defaults_and_only_its_own_schedule_kinds_keys():
+    uniform = recorded_model({"preset": "vit_tiny_digits"}, "classification")
+    defaults = {f.name: f.default for f in fields(ViTConfig) if f.default is not MISSING}
+    for key in ("mlp_ratio", "qkv_bias", "drop_path", "pool", "layer_scale_init", "norm_eps", "class_pos_embed"):
+        assert uniform[key] == defaults[key], key  # not in the preset: the dataclass's default
+    assert uniform["k"] == 0 and not {"start_layer", "increment", "max_count", "k_per_layer"} & set(uniform)
+    ramp = recorded_model({"preset": "vit_tiny_digits", "laplacian_schedule": "ramp", "start_layer": 1,
+                           "increment": 1, "max_count": 2}, "classification")
+    assert {"start_layer", "increment", "max_count"} <= set(ramp) and not {"k", "k_per_layer"} & set(ramp)
+    # what was recorded builds the same model, and records itself again
+    for recorded in (uniform, ramp):
+        assert recorded_model(recorded, "classification") == recorded
+        assert models.build_config(recorded).laplacian_counts == models.build_config(
+            {key: recorded[key] for key in recorded if key not in defaults or recorded[key] != defaults[key]}
+        ).laplacian_counts
+
+
+def test_a_gpt_records_grouped_key_value_heads_only_in_nanochat_blocks():
+    gpt2 = recorded_model({"preset": "gpt_tiny"}, "language_modeling", {})
+    nanochat = recorded_model({"preset": "gpt_tiny", "block_style": "nanochat"}, "language_modeling", {})
+    assert "num_kv_heads" not in gpt2 and gpt2["qkv_bias"] is False
+    assert "num_kv_heads" in nanochat and "qkv_bias" not in nanochat  # nanochat's projections have no biases
+    assert {"rope_base", "tie_embeddings", "block_style"} <= set(gpt2) & set(nanochat)
+
+
+def test_a_translation_model_without_laplacian_sites_records_no_head_count():
+    data = {"vocab_size": 640, "pad_id": 0, "context_length": 64}
+    none = recorded_model({"laplacian_sites": "none"}, "translation", data)
+    assert none["laplacian_schedule"] == "uniform" and "k" not in none
+    assert recorded_model(none, "translation", data) == none
+    both = recorded_model({}, "translation", data)
+    assert both["k"] == 0 and both["decoder_depth"] == both["depth"]

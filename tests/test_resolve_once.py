@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 import models.build
 from models.config import TransformerConfig
+from models.vit import ViTConfig
 from study import runspec
 from study.optim import build_optimizer
 from study.runspec import Resources, TrainConfig, complete_hyperparameters, resolve, slow_lr_scale
@@ -127,9 +129,15 @@ def test_the_resolution_writes_every_key_out_and_is_what_the_run_reads_back():
     spec = resolved_trial(space, sampled, data)
     preset = models.build.PRESETS["vit_tiny_digits"]
     train = TrainConfig(lr=3e-3, batch_size=64, weight_decay=0.05, warmup_epochs=1)
-    expected = {**preset, "preset": "vit_tiny_digits", "laplacian_schedule": "uniform", "k": K, **data.model_overrides,
+    # the ViT's fields with their defaults (a uniform schedule's only), under the preset's, the sampled and the data's
+    vit_defaults = {f.name: f.default for f in fields(ViTConfig)
+                    if f.default is not MISSING and f.name not in ("start_layer", "increment", "max_count",
+                                                                   "k_per_layer")}
+    expected = {**vit_defaults, **preset, "preset": "vit_tiny_digits", "laplacian_schedule": "uniform", "k": K,
+                **data.model_overrides,
                 **{k: v for k, v in train.model_dump().items() if k in train.read_keys("classification")}}
     assert spec.hyperparameters == expected
+    assert {"mlp_ratio", "drop_path", "qkv_bias", "layer_scale_init", "norm_eps", "pool"} <= set(expected)
     assert spec.model_config_flat == {key: expected[key] for key in models.build.model_keys() if key in expected}
     resolved = resolve(spec.hyperparameters, spec.task, {}, epochs=spec.epochs)
     assert resolved is spec.resolved and resolved.config.laplacian_counts == [K] * preset["depth"]
