@@ -58,8 +58,7 @@ class StudyProgress(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         record = record_from_trial(trial, self.epochs)
-        seed = f" (seed {record.seed})" if record.seed is not None else ""
-        self._print(f"trial {trial.trial_id} started: {format_params(record.sampled)}{seed}")
+        self._print(f"trial {trial.trial_id} started: {format_params(record.sampled)} (seed {record.seed})")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         record = record_from_trial(trial, self.epochs, finished=True)

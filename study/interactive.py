@@ -29,9 +29,9 @@ def label(values: dict) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
-def trial_label(values: dict, seed: int | None) -> str:
+def trial_label(values: dict, seed: int) -> str:
     """One replicate: its configuration's values and its seed."""
-    return label(values) if seed is None else f"{label(values)}, seed {seed}"
+    return f"{label(values)}, seed {seed}"
 
 
 def with_values(names: list[str], samples: list[dict]) -> list[str]:

@@ -42,12 +42,12 @@ class TrialRecord:
 
     @property
     def config_id(self) -> str:
-        """The configuration this trial is a replicate of (its own id without replicates)."""
-        return str(self.params.get(CONFIG_ID, self.trial_id))
+        """The configuration this trial is a replicate of (the study's searcher names it in every trial's config)."""
+        return str(self.params[CONFIG_ID])
 
     @property
-    def seed(self) -> int | None:
-        return self.params.get(SEED)
+    def seed(self) -> int:
+        return self.params[SEED]
 
     @property
     def sampled(self) -> dict:
@@ -71,7 +71,7 @@ class Configuration:
         return summarize([metric_value(t, metric) for t in self.completed()])
 
     def by_seed(self, metric: str) -> dict[int, float]:
-        return {t.seed: metric_value(t, metric) for t in self.completed() if t.seed is not None}
+        return {t.seed: metric_value(t, metric) for t in self.completed()}
 
     def difference(self, baseline: "Configuration", metric: str) -> PairedDifference:
         return paired_difference(self.by_seed(metric), baseline.by_seed(metric))
@@ -80,7 +80,7 @@ class Configuration:
 def configurations(records: list[TrialRecord]) -> list[Configuration]:
     """Trials grouped by configuration, in the order the configurations were first proposed."""
     grouped: dict[str, Configuration] = {}
-    for record in sorted(records, key=lambda r: (r.trial_id, r.params.get(REPLICATE, 0))):
+    for record in sorted(records, key=lambda r: (r.trial_id, r.params[REPLICATE])):
         configuration = grouped.setdefault(record.config_id, Configuration(record.config_id, record.sampled, []))
         configuration.trials.append(record)
     return list(grouped.values())
@@ -237,7 +237,7 @@ def _short(value) -> str:
 def table(records: list[TrialRecord], metrics: list[str]) -> str:
     """Trials as a table (rich): id, status, epochs, metrics, params (and the configuration and seed of
     replicates); then the errors of failed trials."""
-    replicated = any(r.config_id != r.trial_id or r.params.get(REPLICATE) for r in records)
+    replicated = any(r.params[REPLICATE] for r in records)
     names = sorted({k for r in records for k in r.sampled})
     grid = _grid("trial", *(("config", "seed") if replicated else ()), "status", "epochs", *metrics, *names)
     for r in records:

@@ -82,8 +82,7 @@ def _sync_trial(folder: StudyFolder, tracking_uri: str, experiment_id: str, reco
         path = folder.trial_config(record.trial_id)
         spec = validate(RunSpec, load_yaml(path, "trial config"), prefix=f"{path}: ")
         num_params = int(next(iter(reported.values())).get("num_params", 0))
-        replicate = {TAG_CONFIG: str(spec.provenance.get(CONFIG_ID, record.trial_id)),
-                     TAG_REPLICATE: str(spec.provenance.get(REPLICATE, 0))}
+        replicate = {TAG_CONFIG: str(spec.provenance[CONFIG_ID]), TAG_REPLICATE: str(spec.provenance[REPLICATE])}
         target = TrackingTarget(tracking_uri, experiment_id, record.name, record.trial_id, folder.name,
                                 parent_run_id=find_study_run(client, experiment_id), tags=replicate)
         logger = RunLogger(target, run_params(spec, num_params), dump_yaml(spec.document()),

@@ -38,7 +38,6 @@ def test_a_configuration_is_named_by_its_values_in_the_spaces_order():
     values = {"laplacian_schedule": "ramp", "k": 3, "ramp_start": 2, "lr": 0.0031234567}
     assert interactive.label(values) == "laplacian_schedule=ramp, k=3, ramp_start=2, lr=0.003123"
     assert interactive.trial_label(values, 1) == "laplacian_schedule=ramp, k=3, ramp_start=2, lr=0.003123, seed 1"
-    assert interactive.trial_label({"k": 0}, None) == "k=0"
 
 
 def test_the_paired_comparison_names_each_configuration_by_its_values():
