@@ -177,7 +177,8 @@ def test_hub_parts_fail_fast_offline_naming_the_offline_alternative(monkeypatch)
 
 
 def test_chat_part_fields_are_checked():
-    with pytest.raises(UserError, match=r"dataset\.train\.0.*path is for name: jsonl"):
+    with pytest.raises(UserError, match=r"dataset\.train\.0.*path: is read only with name: jsonl, spelling_bee, "
+                                        r"simple_spelling \(here smoltalk\); leave it out"):
         check_dataset({"source": "chat", "train": [{"name": "smoltalk", "path": "x.jsonl"}],
                                             "val": [{"name": "smoltalk"}]})
     with pytest.raises(UserError, match=r"dataset\.val\[0\]\.local_dir: /nope is not a folder \(a local copy of "
@@ -328,9 +329,14 @@ def test_spelling_part_fields_are_checked():
     jsonl = {"name": "jsonl", "path": str(FIXTURES / "conversations.jsonl")}
     for part, pattern in (({"name": "spelling_bee"}, r"dataset\.train\.0.*size is for name: spelling_bee, "
                                                       r"simple_spelling, which need it"),
-                          ({"name": "gsm8k", "size": 3}, r"size is for name: spelling_bee, simple_spelling, not gsm8k"),
-                          ({"name": "gsm8k", "url": "http://x/y"}, r"url is for name: jsonl, spelling_bee, "
-                                                                   r"simple_spelling, not gsm8k"),
+                          ({"name": "gsm8k", "size": 3}, r"size: is read only with name: spelling_bee, simple_spelling "
+                                                         r"\(here gsm8k\)"),
+                          ({"name": "gsm8k", "url": "http://x/y"}, r"url: is read only with name: jsonl, spelling_bee, "
+                                                                   r"simple_spelling \(here gsm8k\)"),
+                          ({**jsonl, "revision": "main"}, r"revision: is read only with name: smoltalk, "
+                                                          r".*\(here jsonl\)"),
+                          ({**jsonl, "split": "test"}, r"split: is read only with name: smoltalk, .*simple_spelling "
+                                                       r"\(here jsonl\)"),
                           ({"name": "simple_spelling", "size": 3, "split": "validation"},
                            r"split: simple_spelling has train and test, got 'validation'"),
                           ({"name": "simple_spelling", "size": 3, "path": "/nope.txt", "url": "ftp://x/words"},
@@ -380,3 +386,15 @@ def test_the_d20_stages_mix_nanochats_tasks(space):
         for side, expected in sides.items():
             parts = getattr(stages[name].dataset, side)
             assert [entry for part in parts for entry in _as_nanochat_task(part)] == expected, (name, side)
+
+
+def test_a_chat_part_records_the_fields_its_kind_reads():
+    """What a trial's config and MLflow's dataset input hold of each part (study/data/chat_sources.py reads them)."""
+    hub = ChatPart(name="gsm8k", revision="main")
+    jsonl = ChatPart(name="jsonl", path="x.jsonl")
+    spelling = ChatPart(name="spelling_bee", size=10, split="test")
+    assert set(hub.model_dump()) == {"name", "split", "local_dir", "revision", "stop", "repeat"}
+    assert set(jsonl.model_dump()) == {"name", "path", "url", "stop", "repeat"}
+    assert set(spelling.model_dump()) == {"name", "split", "path", "url", "size", "stop", "repeat"}
+    for part in (hub, jsonl, spelling):
+        assert ChatPart.model_validate(part.model_dump()) == part

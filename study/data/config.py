@@ -32,13 +32,13 @@ SEGMENTATION = "segmentation"  # images with a per-pixel class mask each
 TRANSLATION = "translation"  # sentence pairs (source, target)
 
 
-class _Source(StrictModel):
-    split_seed: int = Field(0, description="seed of the train/validation hold-out split (not the trial seed)")
+class _ReadFields(StrictModel):
+    """A config some of whose fields only some settings read: what its records hold is the fields it reads, and a
+    field it does not read, set to other than its default, is refused naming the settings that would read it."""
 
     def read_when(self) -> dict[str, tuple[bool, str | None]]:
-        """The fields this source reads under some settings only (its loader's and study/data/build.py's code path):
-        field -> (whether these settings read it, the settings that would, in words; None where none would). Every
-        other field is read by every run of the source."""
+        """The fields read under some settings only (their loader's code path): field -> (whether these settings
+        read it, the settings that would, in words; None where none would). Every other field is always read."""
         return {}
 
     def read_fields(self) -> frozenset[str]:
@@ -59,8 +59,18 @@ class _Source(StrictModel):
             if read or name not in self.model_fields_set or getattr(self, name) == default:
                 continue
             raise ValueError(f"{name}: is read only with {readers}; leave it out" if readers else
-                             f"{name}: is not read by source {self.source}; leave it out")
+                             f"{name}: is not read by {self.described()}; leave it out")
         return self
+
+    def described(self) -> str:
+        return type(self).__name__
+
+
+class _Source(_ReadFields):
+    split_seed: int = Field(0, description="seed of the train/validation hold-out split (not the trial seed)")
+
+    def described(self) -> str:
+        return f"source {self.source}"
 
     def relative_to(self, base: Path):
         """This config with its relative paths (and `~`) made absolute, relative ones taken from `base`."""
@@ -572,7 +582,7 @@ CHAT_HUB_PARTS = {  # name: (hub id, hub configuration, default training split)
 }
 
 
-class ChatPart(StrictModel):
+class ChatPart(_ReadFields):
     """One set of conversations in a chat mixture: a hub dataset nanochat trains on (tasks/*.py), local JSONL, or one of
     nanochat's spelling tasks generated from a word list (study/data/spelling.py)."""
 
@@ -601,17 +611,25 @@ class ChatPart(StrictModel):
             data = {**data, "path": WORD_LIST_PATH, "url": data.get("url") or WORD_LIST_URL}
         return data
 
+    def read_when(self) -> dict[str, tuple[bool, str | None]]:
+        """study/data/chat_sources.py: a hub part reads its split, revision and local copy; jsonl and spelling parts
+        read a file (fetched from `url`); spelling parts their split (train or test) and size too."""
+        hub, spelling = self.name in CHAT_HUB_PARTS, self.name in SPELLING_PARTS
+
+        def names(*names) -> str:
+            return f"name: {', '.join(names)} (here {self.name})"
+
+        return {"local_dir": (hub, names(*CHAT_HUB_PARTS)), "revision": (hub, names(*CHAT_HUB_PARTS)),
+                "split": (hub or spelling, names(*CHAT_HUB_PARTS, *SPELLING_PARTS)),
+                "path": (not hub, names("jsonl", *SPELLING_PARTS)), "url": (not hub, names("jsonl", *SPELLING_PARTS)),
+                "size": (spelling, names(*SPELLING_PARTS))}
+
     @model_validator(mode="after")
     def _check_fields(self):
-        with_path = ("jsonl", *SPELLING_PARTS)
         if self.name == "jsonl" and self.path is None:
             raise ValueError("path is for name: jsonl, which needs it")
-        for field in ("path", "url"):
-            if getattr(self, field) is not None and self.name not in with_path:
-                raise ValueError(f"{field} is for name: {', '.join(with_path)}, not {self.name}")
-        if (self.name in SPELLING_PARTS) != (self.size is not None):
-            raise ValueError(f"size is for name: {', '.join(SPELLING_PARTS)}, which need it" if self.size is None
-                             else f"size is for name: {', '.join(SPELLING_PARTS)}, not {self.name}")
+        if self.name in SPELLING_PARTS and self.size is None:
+            raise ValueError(f"size is for name: {', '.join(SPELLING_PARTS)}, which need it")
         if self.name in SPELLING_PARTS and self.split not in (None, "train", "test"):
             raise ValueError(f"split: {self.name} has train and test, got {self.split!r}")
         return self
