@@ -229,7 +229,18 @@ def browser():
 def _open_offline(browser, page):
     """The page with the network cut (Chromium's offline emulation): whatever it draws comes from the file itself."""
     browser.set_network_conditions(offline=True, latency=0, download_throughput=0, upload_throughput=0)
+    _open(browser, page)
+
+
+def _open(browser, page):
+    """The page, loaded whole. From a blank page first: opening the URL already shown returned once, under load,
+    while the old document was being unloaded (its summary table read as empty, the file's rows all there)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get("about:blank")
     browser.get(page.as_uri())
+    WebDriverWait(browser, 60).until(lambda b: b.execute_script(
+        "return document.readyState === 'complete' && document.URL === arguments[0]", page.as_uri()))
 
 
 def test_report_renders_every_figure_in_a_browser(study, browser):
@@ -292,7 +303,7 @@ def test_report_figures_answer_hover_and_legend_clicks(study, browser):
 
 
 def test_report_summary_numbers_match_an_independent_computation(study, browser):
-    browser.get((study.dir / "report" / "report.html").as_uri())
+    _open(browser, study.dir / "report" / "report.html")
     cells = browser.execute_script("""
         return Array.from(document.querySelectorAll('#summary-table tbody tr')).map(row => [row.dataset.config,
             Array.from(row.querySelectorAll('td[data-field]')).map(cell => [cell.dataset.metric, cell.dataset.field,
