@@ -85,11 +85,10 @@ class TransformerConfig:
 
     def _unread_keys(self) -> frozenset[str]:
         """Its fields that this configuration does not read: the keys of the schedule kinds it does not use."""
-        return ALL_SCHEDULE_KEYS - {"laplacian_schedule", *SCHEDULE_KEYS.get(self.laplacian_schedule, ())}
+        return other_schedule_keys(self.laplacian_schedule)
 
     def schedule_spec(self) -> dict:
-        names = ("laplacian_schedule", "k", "start_layer", "increment", "max_count", "k_per_layer")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {name: getattr(self, name) for name in sorted(ALL_SCHEDULE_KEYS) if getattr(self, name) is not None}
 
     def _resolve_mixers(self) -> list[str]:
         return resolve_mixer_kinds("mixer", self.mixer, self.depth)
@@ -142,6 +141,11 @@ ALL_SCHEDULE_KEYS = frozenset({"laplacian_schedule", *(key for keys in SCHEDULE_
 UNIFORM_DEFAULT_K = 0  # a uniform schedule without k: no Laplacian heads
 
 
+def other_schedule_keys(kind: str) -> frozenset[str]:
+    """The schedule keys that schedule kind `kind` does not take."""
+    return ALL_SCHEDULE_KEYS - {"laplacian_schedule", *SCHEDULE_KEYS.get(kind, ())}
+
+
 def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num_heads: int) -> list[int]:
     """Resolve a schedule to the per-layer Laplacian head counts, validating every value.
 
@@ -157,7 +161,7 @@ def laplacian_schedule(spec: Mapping | int | Sequence[int], num_layers: int, num
     kind = spec.get("laplacian_schedule", "uniform")
     if kind not in SCHEDULE_KINDS:
         raise ConfigError("laplacian_schedule", f"must be one of {', '.join(SCHEDULE_KINDS)}; got {kind!r}")
-    for key in ALL_SCHEDULE_KEYS - {"laplacian_schedule", *SCHEDULE_KEYS[kind]}:
+    for key in other_schedule_keys(kind):
         if key in spec:
             raise ConfigError(key, f"is not used by laplacian_schedule {kind!r} "
                                    f"(it takes {', '.join(SCHEDULE_KEYS[kind])})")

@@ -7,9 +7,8 @@ flat-config keys it reads (so `build_model` can tell a typo from a mixer option)
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
@@ -72,7 +71,7 @@ def _stlt(ctx: LayerContext, options: Mapping) -> nn.Module:
 MIXERS: dict[str, MixerSpec] = {
     "attention": MixerSpec(build=_attention),
     "stlt": MixerSpec(build=_stlt, keys=STLT_KEYS, validate=validate_stlt_options,
-                      options_with_defaults=lambda options: dataclasses.asdict(stlt_config(options)), has_heads=False),
+                      options_with_defaults=lambda options: asdict(stlt_config(options)), has_heads=False),
 }
 
 
